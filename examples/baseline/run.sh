@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The baseline every method is compared with: fairseq's stock transformer (3+3 layers, 256-d, shared
+# embeddings; preset baseline_transformer_multi30k) on Multi30k en->de with a joint 8k SentencePiece.
+# ~4 min an epoch on 2 CPU cores, 20 epochs. Re-running skips finished stages (fairseq-train resumes from
+# checkpoint_last.pt and stops at once when --max-epoch is reached).
+#
+# Usage: examples/baseline/run.sh [MULTI30K_DIR] [WORK_DIR]
+#   env: EPOCHS (20), STAGES ("prepare train evaluate bench"), BENCH_JSON (docs/results/baseline.json),
+#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (1)
+set -euo pipefail
+RAW=${1:-../shared/data/multi30k}
+WORK=${2:-work/baseline}
+EPOCHS=${EPOCHS:-20}
+STAGES=${STAGES:-prepare train evaluate bench}
+BENCH_JSON=${BENCH_JSON:-docs/results/baseline.json}
+USER_DIR=$(fairseq-plugins user-dir)
+CKPT=$WORK/checkpoints/checkpoint_best.pt
+COMMANDS=$WORK/commands.txt
+mkdir -p "$WORK"
+
+# Run a command and record it (once) as provenance for the benchmark JSON.
+record() {
+  local line
+  line=$(printf '%q ' "$@")
+  grep -qxF -- "$line" "$COMMANDS" 2>/dev/null || echo "$line" >> "$COMMANDS"
+  "$@"
+}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if stage prepare && [[ ! -f $WORK/data/prepare.json ]]; then
+  record fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size 8000 --workers 2
+fi
+
+if stage train; then
+  record fairseq-train "$WORK/data/bin" --user-dir "$USER_DIR" \
+    --task translation --source-lang en --target-lang de \
+    --arch baseline_transformer_multi30k \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+    --max-tokens 4096 --max-epoch "$EPOCHS" --seed 1 \
+    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
+    --log-format simple --log-interval 100
+fi
+
+if stage evaluate; then
+  # Plain fairseq-generate + sacrebleu, the way a user would score it.
+  for beam in 5 1; do
+    record fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$CKPT" \
+      --source-lang en --target-lang de --gen-subset test --beam "$beam" --batch-size 64 \
+      > "$WORK/generate.beam$beam.out"
+    fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/generate.beam$beam.out" \
+      > "$WORK/hyp.beam$beam.de"
+    echo "beam $beam: $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/hyp.beam$beam.de" -b)"
+  done
+fi
+
+if stage bench; then
+  # The figures in docs/results: one thread, one sentence at a time, beam 5 and greedy.
+  rm -f "$BENCH_JSON.tmp"
+  for beam in 5 1; do
+    fairseq-plugins bench --method baseline --path "$CKPT" --data "$WORK/data" --split test \
+      --device cpu --threads 1 --batch-size 1 --beam "$beam" \
+      --runs "${BENCH_RUNS:-1}" --limit "${BENCH_LIMIT:-0}" \
+      --provenance "$COMMANDS" --json "$BENCH_JSON.tmp" --append \
+      --markdown "${BENCH_JSON%.json}.md" --append-markdown
+  done
+  mv "$BENCH_JSON.tmp" "$BENCH_JSON"
+fi

@@ -1,0 +1,2 @@
+def add_bench_parser(subparsers):
+    pass

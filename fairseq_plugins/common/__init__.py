@@ -1,0 +1,1 @@
+"""Pieces shared by the methods. Nothing here registers with fairseq, so importing it is always safe."""

@@ -1,0 +1,38 @@
+"""fairseq-plugins: five fast-translation methods for fairseq, loaded with --user-dir fairseq_plugins.
+
+Install with `make install`, not bare pip: torch and fairseq need pinned, CPU-safe installs (see Makefile).
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-plugins",
+    version="0.1.0",
+    description="Fast-translation methods (ByteNet, blockwise, double-token, seq-to-lattice, fast CPU "
+    "decoding) as fairseq plugins",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
+    # torch and fairseq are deliberately absent: pip would pull a CUDA torch and torchaudio for them.
+    # The Makefile installs torch==2.13.0 (CPU) and ve-fairseq==0.12.3 --no-deps, then these.
+    install_requires=[
+        "hydra-core>=1.3.2,<1.4",
+        "omegaconf>=2.3,<2.4",
+        "numpy",
+        "regex",
+        "sacrebleu>=2.0",
+        "tqdm",
+        "bitarray",
+        "cffi",
+        "cython",
+        "scikit-learn",
+        "packaging",
+        "sentencepiece",
+        "matplotlib",
+        'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
+        'and python_version < "3.12"',
+    ],
+    extras_require={"test": ["pytest", "hypothesis"]},
+    entry_points={"console_scripts": ["fairseq-plugins = fairseq_plugins.cli:main"]},
+)
