@@ -24,5 +24,8 @@ def _allow_fairseq_checkpoints():
 
 _allow_fairseq_checkpoints()
 
-# Method subpackages: each registers its models, tasks and criterions on import.
-from . import baseline  # noqa: E402,F401
+# Method subpackages: each registers its models, tasks and criterions on import. Each also names the
+# fairseq task whose generator `fairseq-plugins bench --method NAME` measures (BENCH_TASK).
+from . import baseline  # noqa: E402
+
+METHOD_PACKAGES = (baseline,)

@@ -1,2 +1,347 @@
+"""``fairseq-plugins bench``: a method's generator against fairseq's stock generator, same model, same run.
+
+Flags this module does not define go to fairseq's own generation parser (``--task``, the task's and the
+method's generator flags, ``--lenpen``, ``--max-len-a/b``, ``--fp16`` ...), so a method's decoding
+options are given exactly as to ``fairseq-generate``, and an unknown flag is an error naming it.
+
+A generator may expose method-specific figures: ``generation_stats() -> dict`` (cumulative) and
+``reset_generation_stats()``; the harness resets them after warm-up and stores them under ``stats``.
+The JSON schema is documented in docs/bench.md.
+"""
+
+import ast
+import copy
+import datetime
+import logging
+import os
+from typing import Dict, List
+
+import torch
+
+from ..cli import user_dir
+from ..common.prepared import PreparedData
+from ..common.textio import InputError, read_lines, read_parallel
+from . import report
+from .measure import Measurement, PeakMemory, percentile, timed_pass
+
+logger = logging.getLogger(__name__)
+
+
+def bench_methods() -> Dict[str, str]:
+    """Method name -> the fairseq task whose ``build_generator`` builds that method's generator."""
+    import fairseq_plugins
+
+    return {package.__name__.rsplit(".", 1)[-1]: package.BENCH_TASK for package in fairseq_plugins.METHOD_PACKAGES}
+
+
 def add_bench_parser(subparsers):
-    pass
+    p = subparsers.add_parser(
+        "bench",
+        help="measure a method's generator against fairseq's stock generator on the same model",
+        description=__doc__.split("\n\n")[0],
+        epilog="Other flags go to fairseq's generation parser (e.g. --task, --lenpen, --max-len-b, method flags).",
+    )
+    p.add_argument("--method", required=True, choices=sorted(bench_methods()), help="method whose generator to measure")
+    p.add_argument("--path", required=True, help="model checkpoint (.pt)")
+    p.add_argument("--data", required=True, help="prepared data directory (from `fairseq-plugins prepare`)")
+    p.add_argument("--split", default="test", help="binarised split to decode (train, valid or test)")
+    p.add_argument("--source-file", help="decode this raw source text instead of a split (tokenised as prepared)")
+    p.add_argument("--reference-file", help="raw references for --source-file")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to decode")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--batch-size", type=int, default=1, help="sentences per batch for the throughput runs")
+    p.add_argument("--beam", type=int, default=5, help="beam size of the method's generator (1: greedy)")
+    p.add_argument("--baseline-beam", type=int, default=None,
+                   help="beam size of the stock generator (default: --beam; 1: greedy)")
+    p.add_argument("--runs", type=int, default=3, help="timed runs per generator, alternating between them")
+    p.add_argument("--warmup", type=int, default=2, help="batches each generator decodes before timing")
+    p.add_argument("--limit", type=int, default=0, help="decode only the first N sentences (0: all)")
+    p.add_argument("--latency-limit", type=int, default=100,
+                   help="sentences timed one at a time for latency when --batch-size > 1")
+    p.add_argument("--label", default=None, help="name of this configuration in tables (default: the method)")
+    p.add_argument("--provenance", nargs="*", default=[],
+                   help="files listing the commands that produced the checkpoint (one per line)")
+    p.add_argument("--json", help="write the result here (JSON)")
+    p.add_argument("--append", action="store_true", help="append to the results already in --json")
+    p.add_argument("--markdown", help="write a Markdown table of the results in --json (or of this run)")
+    p.add_argument("--append-markdown", action="store_true", help="with --markdown: write all results in --json")
+    p.add_argument("--plot", help="write a PNG chart of speed against BLEU")
+    p.add_argument("--hypotheses", help="write the method's detokenised outputs here, one per line")
+    p.set_defaults(run=run_bench)
+
+    r = subparsers.add_parser("report", help="print the summary table of bench JSON files")
+    r.add_argument("results", nargs="+", help="bench JSON files")
+    r.add_argument("--markdown", action="store_true", help="full Markdown table instead of the summary")
+    r.set_defaults(run=run_report)
+
+
+def run_report(args, argv):
+    results = [result for path in args.results for result in report.load_results(path)]
+    print(report.markdown_table(results) if args.markdown else report.summary_table(results), end="")
+
+
+def _check_bench_args(args) -> None:
+    for flag in ("batch_size", "beam", "runs"):
+        if getattr(args, flag) < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("threads", "warmup", "limit", "latency_limit"):
+        if getattr(args, flag) < 0:
+            raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
+    if args.baseline_beam is not None and args.baseline_beam < 1:
+        raise InputError(f"--baseline-beam must be at least 1, got {args.baseline_beam}")
+    if not os.path.isfile(args.path):
+        raise InputError(f"--path {args.path}: no such checkpoint")
+    if (args.source_file is None) != (args.reference_file is None):
+        raise InputError("--source-file and --reference-file go together")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available")
+    if args.append_markdown and not args.json:
+        raise InputError("--append-markdown needs --json (the results to tabulate)")
+
+
+def _parse_fairseq_args(args, data: PreparedData):
+    """Build fairseq's generation config from our flags plus every flag we do not know."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_generation_parser(default_task=bench_methods()[args.method])
+
+    def error(message):
+        raise InputError(f"bench: {message} (flags bench does not know go to fairseq's generation parser)")
+
+    parser.error = error
+    fairseq_argv = [
+        data.bin_dir, "--user-dir", user_dir(), "--path", args.path,
+        "--beam", str(args.beam), "--batch-size", str(args.batch_size), "--gen-subset", args.split,
+        "--source-lang", data.source_lang, "--target-lang", data.target_lang,
+    ]
+    if args.device == "cpu":
+        fairseq_argv.append("--cpu")
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, fairseq_argv + args.rest))
+
+
+def _load(cfg, args, data: PreparedData, device: torch.device):
+    """Task, models (on ``device``, ready for inference), dataset and raw references."""
+    from fairseq import checkpoint_utils, tasks
+
+    task = tasks.setup_task(cfg.task)
+    models, saved_cfg = checkpoint_utils.load_model_ensemble(
+        [args.path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task,
+    )
+    for model in models:
+        if cfg.common.fp16:
+            model.half()
+        model.to(device).eval()
+        model.prepare_for_inference_(cfg)
+
+    if args.source_file:
+        sources, references = read_parallel(args.source_file, args.reference_file)
+        tokenizer = data.tokenizer(data.source_lang)
+        tokens = [
+            task.source_dictionary.encode_line(tokenizer.encode(line), add_if_not_exist=False).long()
+            for line in sources
+        ]
+        dataset = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
+    else:
+        if args.split not in data.manifest["splits"]:
+            raise InputError(f"--split {args.split}: {data.path} has splits {', '.join(data.manifest['splits'])}")
+        task.load_dataset(args.split, task_cfg=saved_cfg.task)
+        dataset = task.dataset(args.split)
+        references = read_lines(data.raw_path(args.split, data.target_lang), allow_empty_lines=True)
+        if len(references) != len(dataset):
+            raise InputError(
+                f"{data.raw_path(args.split, data.target_lang)} has {len(references)} lines but the binarised "
+                f"{args.split} split has {len(dataset)} sentences"
+            )
+    return task, models, dataset, references
+
+
+def _batches(dataset, ids: List[int], batch_size: int, device: torch.device) -> List[Dict]:
+    """Collated batches, on ``device`` before any timing; batches of similar source length, as fairseq does."""
+    from fairseq import utils
+
+    if batch_size > 1:
+        ids = sorted(ids, key=lambda i: (dataset.num_tokens(i), i))
+    batches = []
+    for start in range(0, len(ids), batch_size):
+        batch = dataset.collater([dataset[i] for i in ids[start:start + batch_size]])
+        batches.append(utils.move_to_cuda(batch, device) if device.type == "cuda" else batch)
+    return batches
+
+
+def _decoder(generate):
+    """Wrap a generate call into batch -> {sentence id: best hypothesis tokens}."""
+
+    def decode(batch):
+        with torch.no_grad():
+            hypos = generate(batch)
+        return {int(sid): hypos[j][0]["tokens"].tolist() for j, sid in enumerate(batch["id"])}
+
+    return decode
+
+
+def _generator_description(generator, beam: int, cfg, task_flags: Dict) -> Dict:
+    description = "greedy" if beam == 1 else f"beam {beam}"
+    return {
+        "class": f"{type(generator).__module__}.{type(generator).__name__}",
+        "description": description,
+        "beam": beam,
+        "lenpen": cfg.generation.lenpen,
+        "max_len_a": cfg.generation.max_len_a,
+        "max_len_b": cfg.generation.max_len_b,
+        "task": cfg.task._name,
+        **({"task_flags": task_flags} if task_flags else {}),
+    }
+
+
+def _method_task_flags(cfg) -> Dict:
+    """The task's options beyond stock translation's: where a method keeps its generator flags."""
+    from dataclasses import fields
+
+    from fairseq.tasks.translation import TranslationConfig
+
+    stock = {f.name for f in fields(TranslationConfig)}
+    return {key: cfg.task[key] for key in cfg.task if key not in stock and key != "_name"}
+
+
+def _figures(measurement: Measurement, latencies: List[float], ids: List[int], tgt_dict, tokenizer,
+             references: List[str], generator_info: Dict) -> Dict:
+    import sacrebleu
+
+    eos = tgt_dict.eos()
+    hypotheses = measurement.hypotheses
+    texts = [tokenizer.decode(tgt_dict.string(hypotheses[i], extra_symbols_to_ignore={eos})) for i in ids]
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(texts, [[references[i] for i in ids]])
+    target_tokens = sum(len(hypotheses[i]) - (hypotheses[i][-1:] == [eos]) for i in ids)
+    seconds = measurement.median_run_seconds
+    return {
+        "generator": generator_info,
+        "bleu": round(score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "sentences_per_s": len(ids) / seconds,
+        "tokens_per_s": target_tokens / seconds,
+        "latency_ms_p50": 1000 * percentile(latencies, 50),
+        "latency_ms_p90": 1000 * percentile(latencies, 90),
+        "peak_memory_mb": measurement.peak_memory_mb,
+        "sentences": len(ids),
+        "target_tokens": target_tokens,
+        "run_seconds": measurement.run_seconds,
+        "_texts": texts,
+    }
+
+
+def run_bench(args, argv):
+    from tqdm import tqdm
+
+    _check_bench_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    data = PreparedData(args.data)
+    cfg = _parse_fairseq_args(args, data)
+    task, models, dataset, references = _load(cfg, args, data, device)
+
+    baseline_beam = args.baseline_beam or args.beam
+    method_generator = task.build_generator(models, cfg.generation)
+    stock_cfg = copy.deepcopy(cfg.generation)
+    stock_cfg.beam = baseline_beam
+    from fairseq.tasks import FairseqTask
+
+    stock_generator = FairseqTask.build_generator(task, models, stock_cfg)  # the stock SequenceGenerator
+    decoders = {
+        "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch)),
+        "stock": _decoder(lambda batch: stock_generator.generate(models, batch)),
+    }
+
+    ids = list(range(len(dataset) if not args.limit else min(args.limit, len(dataset))))
+    batches = _batches(dataset, ids, args.batch_size, device)
+    logger.info("bench %s: %d sentences in %d batches of up to %d on %s", args.method, len(ids), len(batches),
+                args.batch_size, device)
+
+    for name, decode in decoders.items():  # warm-up, not timed
+        for batch in batches[: args.warmup]:
+            decode(batch)
+    if hasattr(method_generator, "reset_generation_stats"):
+        method_generator.reset_generation_stats()
+
+    memory = PeakMemory(device)
+    measurements = {name: Measurement() for name in decoders}
+    order = list(decoders)
+    for run in range(args.runs):
+        for name in order if run % 2 == 0 else order[::-1]:  # alternate which generator goes first
+            bar = lambda items, n=name, r=run: tqdm(items, desc=f"{n} run {r + 1}/{args.runs}", leave=False)
+            timed_pass(decoders[name], batches, device, measurements[name], memory, progress=bar)
+            logger.info("run %d %s: %.2f s", run + 1, name, measurements[name].run_seconds[-1])
+
+    if args.batch_size == 1:
+        latencies = {name: m.batch_seconds for name, m in measurements.items()}
+    else:  # latency is always at batch 1
+        single = _batches(dataset, ids[: args.latency_limit], 1, device)
+        latency_runs = {name: Measurement() for name in decoders}
+        for name in order:
+            timed_pass(decoders[name], single, device, latency_runs[name], memory)
+        latencies = {name: m.batch_seconds for name, m in latency_runs.items()}
+
+    tokenizer = data.tokenizer(data.target_lang)
+    task_flags = _method_task_flags(cfg)
+    method = _figures(measurements["method"], latencies["method"], ids, task.target_dictionary, tokenizer,
+                      references, _generator_description(method_generator, args.beam, cfg, task_flags))
+    stock = _figures(measurements["stock"], latencies["stock"], ids, task.target_dictionary, tokenizer,
+                     references, _generator_description(stock_generator, baseline_beam, cfg, {}))
+    method_texts, _ = method.pop("_texts"), stock.pop("_texts")
+    stats = method_generator.generation_stats() if hasattr(method_generator, "generation_stats") else {}
+    same = sum(measurements["method"].hypotheses[i] == measurements["stock"].hypotheses[i] for i in ids)
+    stats["outputs_identical_to_baseline"] = same / len(ids)
+
+    result = {
+        "method": args.method,
+        **({"label": args.label} if args.label else {}),
+        "device": report.device_name(device),
+        "device_type": device.type,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "batch_size": args.batch_size,
+        "beam": args.beam,
+        **method,
+        "stats": stats,
+        "baseline": stock,
+        "speed_ratio": method["tokens_per_s"] / stock["tokens_per_s"],
+        "ratios": {
+            key: (method[key] / stock[key]) if stock.get(key) else None
+            for key in ("sentences_per_s", "tokens_per_s", "latency_ms_p50", "latency_ms_p90", "peak_memory_mb")
+        },
+        "bleu_delta": round(method["bleu"] - stock["bleu"], 2),
+        "peak_memory_note": None if device.type == "cuda" else (
+            "process peak RSS during the run" if memory.resettable else "process peak RSS since start"),
+        "data": {"dir": os.path.abspath(args.data), "split": None if args.source_file else args.split,
+                 "source_file": args.source_file, "reference_file": args.reference_file},
+        "checkpoint": os.path.abspath(args.path),
+        "runs": args.runs,
+        "warmup_batches": args.warmup,
+        "commands": report.read_provenance(args.provenance) + [report.command_line(argv)],
+        "git_commit": report.git_commit(),
+        "versions": report.versions(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    _write_outputs(args, result, method_texts)
+    print(report.markdown_table([result]), end="")
+    return result
+
+
+def _write_outputs(args, result: Dict, method_texts: List[str]) -> None:
+    results = [result]
+    if args.json:
+        if args.append and os.path.exists(args.json):
+            results = report.load_results(args.json) + results
+        report.save_results(args.json, results)
+    if args.markdown:
+        from ..common.textio import atomic_output
+
+        with atomic_output(args.markdown) as f:
+            f.write(report.markdown_table(results if args.append_markdown else [result]))
+    if args.plot:
+        report.plot_speed_against_bleu(results, args.plot)
+    if args.hypotheses:
+        from ..common.textio import write_lines
+
+        write_lines(args.hypotheses, method_texts)

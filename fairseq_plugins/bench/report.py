@@ -1,0 +1,166 @@
+"""Bench results: JSON files (one object or a list), Markdown tables, PNG charts, provenance."""
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+from typing import Dict, List
+
+from ..common.textio import InputError, atomic_output, read_lines
+
+# Columns of the Markdown table: (header, key in a figures dict, format).
+COLUMNS = [
+    ("BLEU", "bleu", "{:.2f}"),
+    ("sent/s", "sentences_per_s", "{:.2f}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("p50 ms", "latency_ms_p50", "{:.1f}"),
+    ("p90 ms", "latency_ms_p90", "{:.1f}"),
+    ("peak MB", "peak_memory_mb", "{:.0f}"),
+]
+
+
+def load_results(path: str) -> List[Dict]:
+    """Results in a bench JSON file, always as a list."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such bench result file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from error
+    results = data if isinstance(data, list) else [data]
+    for number, result in enumerate(results):
+        if not isinstance(result, dict) or "method" not in result or "baseline" not in result:
+            raise InputError(f"{path}: entry {number} is not a bench result (needs 'method' and 'baseline')")
+    return results
+
+
+def save_results(path: str, results: List[Dict]) -> None:
+    with atomic_output(path) as f:
+        json.dump(results[0] if len(results) == 1 else results, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _cell(figures: Dict, key: str, fmt: str) -> str:
+    value = figures.get(key)
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown_table(results: List[Dict]) -> str:
+    """One row per generator: each method result, then the stock generator measured beside it."""
+    header = ["method", "generator", "device", "threads", "batch"] + [c[0] for c in COLUMNS] + ["speed ratio"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for result in results:
+        for name, figures, ratio in (
+            (result.get("label") or result["method"], result, f"{result['speed_ratio']:.2f}x"),
+            ("stock", result["baseline"], "1.00x"),
+        ):
+            row = [name, figures["generator"]["description"], result["device"], str(result["threads"]),
+                   str(result["batch_size"])]
+            row += [_cell(figures, key, fmt) for _, key, fmt in COLUMNS] + [ratio]
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(results: List[Dict]) -> str:
+    """The demo's table: method, BLEU, sentences/s and speed against the stock generator on the same model."""
+    rows = [("method", "BLEU", "sentences/s", "stock sentences/s", "speed ratio")]
+    for result in results:
+        rows.append((
+            f"{result.get('label') or result['method']} ({result['generator']['description']})",
+            f"{result['bleu']:.2f}",
+            f"{result['sentences_per_s']:.2f}",
+            f"{result['baseline']['sentences_per_s']:.2f} ({result['baseline']['generator']['description']})",
+            f"{result['speed_ratio']:.2f}x",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows) + "\n"
+
+
+def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
+    """Target tokens/s (x) against BLEU (y): each method point with an arrow from its stock baseline."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger verbose
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for result in results:
+        base, label = result["baseline"], result.get("label") or result["method"]
+        ax.scatter(base["tokens_per_s"], base["bleu"], color="grey", marker="s")
+        ax.scatter(result["tokens_per_s"], result["bleu"], marker="o")
+        ax.annotate("", xy=(result["tokens_per_s"], result["bleu"]), xytext=(base["tokens_per_s"], base["bleu"]),
+                    arrowprops={"arrowstyle": "->", "color": "grey", "alpha": 0.6})
+        ax.annotate(f"{label} ({result['generator']['description']})", (result["tokens_per_s"], result["bleu"]),
+                    fontsize=8, xytext=(4, 4), textcoords="offset points")
+    first = results[0]
+    ax.set_xlabel("target tokens / s (grey squares: stock fairseq generator, same run)")
+    ax.set_ylabel("BLEU (sacrebleu, detokenised)")
+    ax.set_title(f"{first['device']}, {first['threads']} thread(s), batch {first['batch_size']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_output(path, mode="wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+    plt.close(fig)
+
+
+def read_provenance(paths: List[str]) -> List[str]:
+    """Commands recorded by a recipe (one per line, '#' comments skipped) that produced the checkpoint."""
+    commands = []
+    for path in paths:
+        for line in read_lines(path, allow_empty_lines=True):
+            if line.strip() and not line.lstrip().startswith("#"):
+                commands.append(line.strip())
+    return commands
+
+
+def command_line(argv: List[str]) -> str:
+    return shlex.join(["fairseq-plugins"] + list(argv))
+
+
+def git_commit() -> str:
+    """HEAD of the repository holding this package, '+dirty' when tracked files differ from it."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def versions() -> Dict[str, str]:
+    import fairseq
+    import sacrebleu
+    import torch
+
+    from .. import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fairseq": fairseq.__version__,
+        "sacrebleu": sacrebleu.__version__,
+        "fairseq_plugins": __version__,
+    }
+
+
+def device_name(device) -> str:
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
