@@ -1,0 +1,63 @@
+"""Shared fixtures: a tiny synthetic corpus, its prepared form, and one tiny model trained on it.
+
+Everything is built in temporary directories; no test reads ../shared (a user's clone has none).
+Subprocesses run fairseq's real entry points (`python -m fairseq_cli.train`, ...) with --user-dir.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "fairseq_plugins")
+SIZES = {"train": 2000, "val": 60, "test_2016_flickr": 40}
+
+# A tiny transformer that learns the synthetic reordering task in about a minute on two cores.
+TRAIN_FLAGS = [
+    "--user-dir", USER_DIR, "--task", "translation", "--arch", "baseline_transformer_tiny",
+    "--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--max-tokens", "4000", "--seed", "1", "--num-workers", "0",
+    "--log-format", "simple", "--no-progress-bar", "--no-epoch-checkpoints",
+]
+TRAIN_EPOCHS = 12
+
+
+def run(module, *args, check=True, env=None, cwd=None, stdin=None, timeout=900):
+    """Run ``python -m module args`` (one thread, as the tests share two cores); fail with its stderr tail."""
+    command = [sys.executable, "-m", module, *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, input=stdin, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def plugins_cli(*args, **kwargs):
+    return run("fairseq_plugins.cli", *args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def synthetic_raw(tmp_path_factory):
+    from fairseq_plugins.common.synthetic import write_corpus
+
+    return write_corpus(str(tmp_path_factory.mktemp("raw")), sizes=SIZES)
+
+
+@pytest.fixture(scope="session")
+def prepared(synthetic_raw, tmp_path_factory):
+    """Joint SentencePiece (100 pieces) + fairseq binaries of the synthetic corpus."""
+    out = str(tmp_path_factory.mktemp("prepared") / "data")
+    plugins_cli("prepare", synthetic_raw, out, "-s", "src", "-t", "tgt", "--vocab-size", 100)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(prepared, tmp_path_factory):
+    """A tiny baseline transformer trained through fairseq-train --user-dir; returns its paths."""
+    save_dir = str(tmp_path_factory.mktemp("checkpoints"))
+    run("fairseq_cli.train", os.path.join(prepared, "bin"), *TRAIN_FLAGS,
+        "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+    return {"data": prepared, "save_dir": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}

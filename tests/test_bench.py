@@ -1,0 +1,66 @@
+"""`fairseq-plugins bench`: batched runs, appended results, tables and charts, and clear errors."""
+
+import json
+import os
+
+import pytest
+
+from conftest import plugins_cli
+
+
+def bench(trained, *flags, check=True):
+    return plugins_cli("bench", "--method", "baseline", "--path", trained["checkpoint"], "--data", trained["data"],
+                       "--threads", 1, "--runs", 1, *flags, check=check)
+
+
+def test_batched_greedy_run_appends_and_reports(trained, tmp_path):
+    result_path, table, chart = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png"
+    bench(trained, "--beam", 1, "--limit", 12, "--json", result_path)
+    bench(trained, "--beam", 1, "--batch-size", 4, "--limit", 12, "--latency-limit", 5, "--label", "batched",
+          "--json", result_path, "--append", "--markdown", table, "--append-markdown", "--plot", chart)
+    results = json.loads(result_path.read_text())
+    assert [r.get("label") for r in results] == [None, "batched"]
+    first, batched = results
+    assert batched["batch_size"] == 4 and batched["sentences"] == 12
+    assert batched["generator"]["description"] == batched["baseline"]["generator"]["description"] == "greedy"
+    # Greedy decoding is the same whatever the batching, up to float noise from padding on this tiny model.
+    assert abs(first["bleu"] - batched["bleu"]) < 1.0
+    assert table.read_text().count("| baseline |") == 1 and table.read_text().count("| batched |") == 1
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = plugins_cli("report", result_path).stdout.splitlines()
+    assert summary[0].split() == ["method", "BLEU", "sentences/s", "stock", "sentences/s", "speed", "ratio"]
+    assert summary[2].startswith("batched (greedy)") and len(summary) == 3
+
+
+def test_raw_source_file_decodes_like_the_binarised_split(trained, tmp_path):
+    raw = os.path.join(trained["data"], "raw")
+    result_path = tmp_path / "raw.json"
+    bench(trained, "--beam", 1, "--limit", 10, "--source-file", os.path.join(raw, "test.src"),
+          "--reference-file", os.path.join(raw, "test.tgt"), "--json", result_path,
+          "--hypotheses", tmp_path / "raw.hyp")
+    split_path = tmp_path / "split.json"
+    bench(trained, "--beam", 1, "--limit", 10, "--json", split_path, "--hypotheses", tmp_path / "split.hyp")
+    assert (tmp_path / "raw.hyp").read_text() == (tmp_path / "split.hyp").read_text()
+    assert json.loads(result_path.read_text())["data"]["split"] is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--method", "no-such-method"], "argument --method: invalid choice: 'no-such-method'"),
+    (["--no-such-flag", "3"], "bench: unrecognized arguments: --no-such-flag 3"),
+    (["--data", "/no/such/dir"], "/no/such/dir: not a prepared data directory"),
+    (["--path", "/no/such.pt"], "--path /no/such.pt: no such checkpoint"),
+    (["--runs", "0"], "--runs must be at least 1, got 0"),
+    (["--split", "nope"], "--split nope: "),
+    (["--source-file", "/dev/null"], "--source-file and --reference-file go together"),
+])
+def test_bad_input_is_a_clear_error(trained, tmp_path, flags, message):
+    result_path = tmp_path / "never.json"
+    args = ["--method", "baseline", "--path", trained["checkpoint"], "--data", trained["data"]]
+    for flag in ("--method", "--path", "--data"):  # a flag under test replaces the good one
+        if flag in flags:
+            index = args.index(flag)
+            del args[index:index + 2]
+    proc = plugins_cli("bench", *args, *flags, "--limit", 2, "--runs", 1, "--json", result_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not result_path.exists() and os.listdir(tmp_path) == []

@@ -1,0 +1,30 @@
+"""torch >= 2.6 refuses fairseq checkpoints (they pickle an argparse.Namespace) unless the package's fix ran."""
+
+import subprocess
+import sys
+import textwrap
+
+SAVE_AND_LOAD = textwrap.dedent("""
+    import argparse, sys, torch
+    if sys.argv[2] == "with-plugins":
+        import fairseq_plugins  # noqa: F401  (installs the fix)
+    torch.save({"args": argparse.Namespace(arch="transformer"), "model": {"w": torch.ones(2)}}, sys.argv[1])
+    state = torch.load(sys.argv[1])  # default weights_only=True since torch 2.6
+    assert state["args"].arch == "transformer" and state["model"]["w"].sum().item() == 2
+    print("loaded")
+""")
+
+
+def test_checkpoint_with_namespace_loads_only_with_the_fix(tmp_path):
+    script = tmp_path / "save_and_load.py"
+    script.write_text(SAVE_AND_LOAD)
+
+    def attempt(mode):
+        return subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt.pt"), mode],
+                              capture_output=True, text=True)
+
+    without = attempt("without-plugins")
+    assert without.returncode != 0 and "argparse.Namespace" in without.stderr
+    with_fix = attempt("with-plugins")
+    assert with_fix.returncode == 0, with_fix.stderr[-2000:]
+    assert with_fix.stdout.strip() == "loaded"
