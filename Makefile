@@ -1,0 +1,48 @@
+# fairseq-plugins: `make demo` runs every landed method end to end; `make test` runs the test suite.
+# Both install what is missing into $(VENV) first. CPU-safe by construction: torch is pinned to the CPU
+# wheel unless a torch is already importable, and fairseq is installed without its dependencies (it asks for
+# torchaudio, which would pull a CUDA torch). A GPU user: `make install TORCH='torch==2.x'` or
+# `make install VENV_ARGS=--system-site-packages` to reuse an installed CUDA torch.
+
+PYTHON    ?= python3
+VENV      ?= .venv
+VENV_ARGS ?=
+TORCH     ?= torch==2.13.0
+FAIRSEQ   ?= ve-fairseq==0.12.3
+DATA      ?=
+PYTEST_ARGS ?=
+
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install test demo baseline clean help
+help:
+	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
+	@echo "make test    install, then run the test suite"
+	@echo "make install create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and this package"
+	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
+
+install: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null \
+	  && echo "torch already present: $$($(BIN)/python -c 'import torch; print(torch.__version__)')" \
+	  || $(BIN)/python -m pip install -q "$(TORCH)"
+	@$(BIN)/python -c "import fairseq" 2>/dev/null || $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)"
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@! $(BIN)/python -m pip show -q torchaudio 2>/dev/null || { echo "torchaudio must not be installed"; exit 1; }
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: install
+	DATA="$(DATA)" examples/demo/run.sh
+
+baseline: install
+	examples/baseline/run.sh $(if $(DATA),$(DATA),../shared/data/multi30k)
+
+clean:
+	rm -rf $(VENV) *.egg-info work/demo
