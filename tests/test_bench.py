@@ -60,7 +60,7 @@ def test_bad_input_is_a_clear_error(trained, tmp_path, flags, message):
         if flag in flags:
             index = args.index(flag)
             del args[index:index + 2]
-    proc = plugins_cli("bench", *args, *flags, "--limit", 2, "--runs", 1, "--json", result_path, check=False)
+    proc = plugins_cli("bench", *args, "--limit", 2, "--runs", 1, "--json", result_path, *flags, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not result_path.exists() and os.listdir(tmp_path) == []

@@ -63,7 +63,7 @@ if stage bench; then
       --device cpu --threads 1 --batch-size 1 --beam "$beam" \
       --runs "${BENCH_RUNS:-1}" --limit "${BENCH_LIMIT:-0}" \
       --provenance "$COMMANDS" --json "$BENCH_JSON.tmp" --append \
-      --markdown "${BENCH_JSON%.json}.md" --append-markdown
+      --markdown "${BENCH_JSON%.json}.md" --append-markdown --plot "${BENCH_JSON%.json}.png"
   done
   mv "$BENCH_JSON.tmp" "$BENCH_JSON"
 fi

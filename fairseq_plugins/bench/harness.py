@@ -290,7 +290,7 @@ def run_bench(args, argv):
     stock = _figures(measurements["stock"], latencies["stock"], ids, task.target_dictionary, tokenizer,
                      references, _generator_description(stock_generator, baseline_beam, cfg, {}))
     method_texts, _ = method.pop("_texts"), stock.pop("_texts")
-    stats = method_generator.generation_stats() if hasattr(method_generator, "generation_stats") else {}
+    stats = dict(method_generator.generation_stats()) if hasattr(method_generator, "generation_stats") else {}
     same = sum(measurements["method"].hypotheses[i] == measurements["stock"].hypotheses[i] for i in ids)
     stats["outputs_identical_to_baseline"] = same / len(ids)
 
