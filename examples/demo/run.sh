@@ -56,7 +56,8 @@ if (( SYNTHETIC )); then VOCAB=100; else VOCAB=4000; fi
 
 # ---- the baseline: stock transformer, small --------------------------------------------------------------
 say "prepare ($RAW)"
-fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size "$VOCAB" --workers 2
+fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size "$VOCAB" --workers 2 2> "$WORK/prepare.log" \
+  || { tail -5 "$WORK/prepare.log" >&2; exit 1; }
 
 say "train the baseline (small; capped at 7 minutes)"
 if (( SYNTHETIC )); then
@@ -79,7 +80,7 @@ say "fairseq-generate (beam 5) + sacrebleu"
 fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$BASELINE_CKPT" --gen-subset test \
   --beam 5 --batch-size 64 > "$WORK/generate.out" 2> "$WORK/generate.log"
 fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/generate.out" > "$WORK/hyp.de"
-echo "sacreBLEU: $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/hyp.de" -b)"
+echo "sacreBLEU: $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/hyp.de" -b $( (( SYNTHETIC )) && echo --force))"
 
 BENCH_JSON=$WORK/bench.json
 bench() {  # one thread, one sentence at a time, against the stock generator on the same model
@@ -93,6 +94,7 @@ bench --method baseline --path "$BASELINE_CKPT" --beam 1
 # ---- every landed method ----------------------------------------------------------------------------------
 export WORK USER_DIR BASELINE_CKPT BENCH_JSON BENCH_LIMIT SYNTHETIC
 export -f bench say
+shopt -s nullglob
 for method_demo in examples/*/demo.sh; do
   say "method: $(basename "$(dirname "$method_demo")")"
   bash "$method_demo"

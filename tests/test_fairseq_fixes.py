@@ -1,4 +1,4 @@
-"""torch >= 2.6 refuses fairseq checkpoints (they pickle an argparse.Namespace) unless the package's fix ran."""
+"""The fixes the package installs on import (fairseq_plugins/common/fairseq_fixes.py)."""
 
 import subprocess
 import sys
@@ -28,3 +28,19 @@ def test_checkpoint_with_namespace_loads_only_with_the_fix(tmp_path):
     with_fix = attempt("with-plugins")
     assert with_fix.returncode == 0, with_fix.stderr[-2000:]
     assert with_fix.stdout.strip() == "loaded"
+
+
+def test_batch_by_size_keeps_every_sentence_in_order():
+    import numpy as np
+    from fairseq.data import data_utils
+
+    import fairseq_plugins  # noqa: F401  (installs the fix)
+
+    indices = np.arange(300, dtype=np.int64)[::-1]
+    for max_sentences, multiple in ((1, 8), (2, 8), (7, 8), (64, 8), (64, 1)):
+        batches = data_utils.batch_by_size(indices, num_tokens_fn=lambda i: 10, max_sentences=max_sentences,
+                                           required_batch_size_multiple=multiple)
+        assert np.array_equal(np.concatenate(batches), indices), (max_sentences, multiple)
+        assert all(len(batch) <= max_sentences for batch in batches)
+    fairseq_plugins.common.fairseq_fixes.keep_last_partial_batch()  # idempotent: wraps once
+    assert not hasattr(data_utils.batch_by_size.__wrapped__, "__wrapped__")

@@ -1,0 +1,47 @@
+"""Fixes for the fairseq build this project runs on (ve-fairseq 0.12.3, fairseq main), installed on import.
+
+Each wraps one fairseq or torch entry point without copying it, and is idempotent.
+"""
+
+import argparse
+import functools
+import logging
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def allow_fairseq_checkpoints() -> None:
+    """torch >= 2.6 unpickles with ``weights_only=True``; fairseq checkpoints hold an ``argparse.Namespace``.
+
+    Allow-listing that one class keeps the safe loader for everything else.
+    """
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:  # older torch loads everything and needs no fix
+        add_safe_globals([argparse.Namespace])
+
+
+def keep_last_partial_batch() -> None:
+    """fairseq main's ``batch_by_size`` drops the last batch when its size is not a multiple of
+    ``--required-batch-size-multiple`` (default 8), so ``fairseq-generate`` silently skips sentences
+    (39 of 40 at --batch-size 1; 296 of 300 at 64). Put the dropped indices back as a final batch."""
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size
+    if getattr(original, "keeps_last_partial_batch", False):
+        return
+
+    @functools.wraps(original)
+    def batch_by_size(indices, *args, **kwargs):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = original(indices, *args, **kwargs)
+        covered = sum(len(batch) for batch in batches)
+        if covered < len(indices):  # the dropped batch is always the tail of ``indices``
+            batches = list(batches) + [indices[covered:]]
+        return batches
+
+    batch_by_size.keeps_last_partial_batch = True
+    data_utils.batch_by_size = batch_by_size
