@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from conftest import plugins_cli
 
@@ -52,6 +53,7 @@ def test_raw_source_file_decodes_like_the_binarised_split(trained, tmp_path):
     (["--runs", "0"], "--runs must be at least 1, got 0"),
     (["--split", "nope"], "--split nope: "),
     (["--source-file", "/dev/null"], "--source-file and --reference-file go together"),
+    (["--provenance", "/no/such.txt"], "/no/such.txt: no such file"),
 ])
 def test_bad_input_is_a_clear_error(trained, tmp_path, flags, message):
     result_path = tmp_path / "never.json"
@@ -64,3 +66,19 @@ def test_bad_input_is_a_clear_error(trained, tmp_path, flags, message):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not result_path.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bench_decodes_like_cpu(trained, tmp_path):
+    for device in ("cpu", "cuda"):
+        bench(trained, "--device", device, "--beam", 1, "--limit", 10, "--json", tmp_path / f"{device}.json",
+              "--hypotheses", tmp_path / f"{device}.hyp")
+    result = json.loads((tmp_path / "cuda.json").read_text())
+    assert result["device_type"] == "cuda" and result["threads"] is None and result["peak_memory_mb"] > 0
+    assert (tmp_path / "cuda.hyp").read_text() == (tmp_path / "cpu.hyp").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_requested_without_a_device_is_a_clear_error(trained):
+    proc = bench(trained, "--device", "cuda", "--limit", 2, check=False)
+    assert proc.returncode == 2 and "--device cuda: no CUDA device is available" in proc.stderr

@@ -14,13 +14,13 @@ import copy
 import datetime
 import logging
 import os
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
 from ..cli import user_dir
 from ..common.prepared import PreparedData
-from ..common.textio import InputError, read_lines, read_parallel
+from ..common.textio import InputError, atomic_output, read_lines, read_parallel, write_lines
 from . import report
 from .measure import Measurement, PeakMemory, percentile, timed_pass
 
@@ -205,7 +205,8 @@ def _method_task_flags(cfg) -> Dict:
 
 
 def _figures(measurement: Measurement, latencies: List[float], ids: List[int], tgt_dict, tokenizer,
-             references: List[str], generator_info: Dict) -> Dict:
+             references: List[str], generator_info: Dict) -> Tuple[Dict, List[str]]:
+    """One generator's figures, and its detokenised outputs."""
     import sacrebleu
 
     eos = tgt_dict.eos()
@@ -227,14 +228,16 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
         "sentences": len(ids),
         "target_tokens": target_tokens,
         "run_seconds": measurement.run_seconds,
-        "_texts": texts,
-    }
+    }, texts
 
 
 def run_bench(args, argv):
     from tqdm import tqdm
 
     _check_bench_args(args)
+    # Read what we will add to before decoding, so a bad file fails at once.
+    provenance = report.read_provenance(args.provenance)
+    previous = report.load_results(args.json) if args.append and args.json and os.path.exists(args.json) else []
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -285,11 +288,14 @@ def run_bench(args, argv):
 
     tokenizer = data.tokenizer(data.target_lang)
     task_flags = _method_task_flags(cfg)
-    method = _figures(measurements["method"], latencies["method"], ids, task.target_dictionary, tokenizer,
-                      references, _generator_description(method_generator, args.beam, cfg, task_flags))
-    stock = _figures(measurements["stock"], latencies["stock"], ids, task.target_dictionary, tokenizer,
-                     references, _generator_description(stock_generator, baseline_beam, cfg, {}))
-    method_texts, _ = method.pop("_texts"), stock.pop("_texts")
+    method, method_texts = _figures(
+        measurements["method"], latencies["method"], ids, task.target_dictionary, tokenizer, references,
+        _generator_description(method_generator, args.beam, cfg, task_flags),
+    )
+    stock, _ = _figures(
+        measurements["stock"], latencies["stock"], ids, task.target_dictionary, tokenizer, references,
+        _generator_description(stock_generator, baseline_beam, cfg, {}),
+    )
     stats = dict(method_generator.generation_stats()) if hasattr(method_generator, "generation_stats") else {}
     same = sum(measurements["method"].hypotheses[i] == measurements["stock"].hypotheses[i] for i in ids)
     stats["outputs_identical_to_baseline"] = same / len(ids)
@@ -318,30 +324,24 @@ def run_bench(args, argv):
         "checkpoint": os.path.abspath(args.path),
         "runs": args.runs,
         "warmup_batches": args.warmup,
-        "commands": report.read_provenance(args.provenance) + [report.command_line(argv)],
+        "commands": provenance + [report.command_line(argv)],
         "git_commit": report.git_commit(),
         "versions": report.versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    _write_outputs(args, result, method_texts)
+    _write_outputs(args, previous + [result], method_texts)
     print(report.markdown_table([result]), end="")
     return result
 
 
-def _write_outputs(args, result: Dict, method_texts: List[str]) -> None:
-    results = [result]
+def _write_outputs(args, results: List[Dict], method_texts: List[str]) -> None:
+    """Write the results (earlier ones first, this run's last) and this run's outputs."""
     if args.json:
-        if args.append and os.path.exists(args.json):
-            results = report.load_results(args.json) + results
         report.save_results(args.json, results)
     if args.markdown:
-        from ..common.textio import atomic_output
-
         with atomic_output(args.markdown) as f:
-            f.write(report.markdown_table(results if args.append_markdown else [result]))
+            f.write(report.markdown_table(results if args.append_markdown else results[-1:]))
     if args.plot:
         report.plot_speed_against_bleu(results, args.plot)
     if args.hypotheses:
-        from ..common.textio import write_lines
-
         write_lines(args.hypotheses, method_texts)
