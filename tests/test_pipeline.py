@@ -51,7 +51,8 @@ def test_generate_learns_the_task_and_bench_reproduces_its_outputs(trained, tmp_
     assert result["sentences"] == 40 and result["threads"] == 1 and result["peak_memory_mb"] > 0
     assert result["latency_ms_p90"] >= result["latency_ms_p50"] > 0
     assert abs(result["speed_ratio"] - result["tokens_per_s"] / result["baseline"]["tokens_per_s"]) < 1e-12
-    assert result["commands"][0] == "fairseq-train data-bin --arch baseline_transformer_tiny"
+    assert result["commands"][0].startswith("fairseq-plugins prepare ")  # from the prepared directory
+    assert result["commands"][1] == "fairseq-train data-bin --arch baseline_transformer_tiny"
     assert result["commands"][-1].startswith("fairseq-plugins bench --method baseline")
     assert set(result["versions"]) >= {"python", "torch", "fairseq"}
     assert "| baseline | beam 5 |" in bench.stdout and "| stock | beam 5 |" in bench.stdout

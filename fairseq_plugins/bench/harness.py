@@ -14,6 +14,7 @@ import copy
 import datetime
 import logging
 import os
+import shlex
 from typing import Dict, List, Tuple
 
 import torch
@@ -242,6 +243,8 @@ def run_bench(args, argv):
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     data = PreparedData(args.data)
+    preparation = [shlex.join(data.manifest["command"])] if data.manifest.get("command") else []
+    provenance = [c for c in preparation if c not in provenance] + provenance
     cfg = _parse_fairseq_args(args, data)
     task, models, dataset, references = _load(cfg, args, data, device)
 
