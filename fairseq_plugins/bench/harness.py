@@ -243,8 +243,9 @@ def run_bench(args, argv):
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     data = PreparedData(args.data)
-    preparation = [shlex.join(data.manifest["command"])] if data.manifest.get("command") else []
-    provenance = [c for c in preparation if c not in provenance] + provenance
+    prepare_argv = data.manifest.get("command")
+    if prepare_argv and all(shlex.split(command) != prepare_argv for command in provenance):
+        provenance = [shlex.join(prepare_argv)] + provenance  # how the data was made, unless recorded already
     cfg = _parse_fairseq_args(args, data)
     task, models, dataset, references = _load(cfg, args, data, device)
 
