@@ -84,7 +84,7 @@ echo "sacreBLEU: $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/hyp.de" -b $( ((
 
 BENCH_JSON=$WORK/bench.json
 bench() {  # one thread, one sentence at a time, against the stock generator on the same model
-  fairseq-plugins bench --data "$WORK/data" --split test --threads 1 --batch-size 1 --runs 1 \
+  fairseq-plugins bench --data "$WORK/data" --split test --threads 1 --batch-size 1 --runs 2 \
     --limit "$BENCH_LIMIT" --json "$BENCH_JSON" --append "$@" 2>> "$WORK/bench.log" > /dev/null
 }
 say "bench: baseline"
