@@ -123,12 +123,15 @@ def command_line(argv: List[str]) -> str:
 
 
 def git_commit() -> str:
-    """HEAD of the repository holding this package, '+dirty' when tracked files differ from it."""
+    """HEAD of the repository holding this package, '+dirty' when tracked files differ from it.
+
+    docs/results is left out: a recipe that benches several settings rewrites its own result files."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)docs/results"],
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
