@@ -18,7 +18,7 @@ import tempfile
 from typing import Dict, List, Optional
 
 from .textio import InputError, read_parallel, write_lines
-from .tokenization import CharTokenizer, load_tokenizer, train_sentencepiece
+from .tokenization import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,6 @@ def prepare(
 
 def _train_sentencepiece_models(build_dir, langs, joint, vocab_size, model_type):
     """Train one joint model on both sides' training text, or one model per language."""
-    from .tokenization import SentencePieceTokenizer
-
     train_files = {lang: os.path.join(build_dir, "raw", f"train.{lang}") for lang in langs}
     groups = {"spm": list(langs)} if joint else {f"spm.{lang}": [lang] for lang in langs}
     tokenizers, specs = {}, {}
