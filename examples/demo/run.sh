@@ -48,7 +48,7 @@ else
   if (( SYNTHETIC )); then
     rm -rf "$RAW"
     RAW=$WORK/synthetic
-    python -c "from fairseq_plugins.common.synthetic import write_corpus; write_corpus('$RAW', 'en', 'de')"
+    python -c 'import sys; from fairseq_plugins.common.synthetic import write_corpus; write_corpus(sys.argv[1], "en", "de")' "$RAW"
     synthetic_banner
   fi
 fi

@@ -266,7 +266,7 @@ def run_bench(args, argv):
     logger.info("bench %s: %d sentences in %d batches of up to %d on %s", args.method, len(ids), len(batches),
                 args.batch_size, device)
 
-    for name, decode in decoders.items():  # warm-up, not timed
+    for decode in decoders.values():  # warm-up, not timed
         for batch in batches[: args.warmup]:
             decode(batch)
     if hasattr(method_generator, "reset_generation_stats"):

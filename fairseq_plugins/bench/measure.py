@@ -60,7 +60,6 @@ class Measurement:
     batch_seconds: List[float] = field(default_factory=list)  # every batch of every run
     peak_memory_mb: Optional[float] = None
     hypotheses: Optional[Dict[int, List[int]]] = None  # sentence id -> tokens, from the first run
-    stats: Dict[str, float] = field(default_factory=dict)
 
     @property
     def median_run_seconds(self) -> float:

@@ -5,12 +5,9 @@ Each wraps one fairseq or torch entry point without copying it, and is idempoten
 
 import argparse
 import functools
-import logging
 
 import numpy as np
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def allow_fairseq_checkpoints() -> None:
