@@ -68,6 +68,9 @@ def add_detok_parser(subparsers):
     p.add_argument("--input", default="-", help="input file (default: standard input)")
     p.add_argument("--from-generate", action="store_true",
                    help="input is fairseq-generate output: take its H- lines in sentence order")
+    p.add_argument("--keep-pieces", action="store_true",
+                   help="write the tokens as they are (e.g. fairseq-generate hypotheses in corpus order, "
+                        "for distillation) instead of detokenizing them")
     p.set_defaults(run=run_detok)
 
 
@@ -77,12 +80,12 @@ def run_detok(args, argv):
     data = PreparedData(args.data)
     lang = args.lang or data.target_lang
     if args.input == "-":
-        detokenize_stream(data, lang, sys.stdin, args.from_generate)
+        detokenize_stream(data, lang, sys.stdin, args.from_generate, keep_pieces=args.keep_pieces)
     else:
         if not os.path.isfile(args.input):
             raise InputError(f"--input {args.input}: no such file")
         with open(args.input, encoding="utf-8") as f:
-            detokenize_stream(data, lang, f, args.from_generate)
+            detokenize_stream(data, lang, f, args.from_generate, keep_pieces=args.keep_pieces)
 
 
 def add_user_dir_parser(subparsers):

@@ -213,9 +213,11 @@ def parse_generate_output(lines) -> List[str]:
     return [hypotheses[i] for i in sorted(hypotheses)]
 
 
-def detokenize_stream(data: PreparedData, lang: str, lines, from_generate: bool = False, out=sys.stdout) -> None:
+def detokenize_stream(data: PreparedData, lang: str, lines, from_generate: bool = False, out=sys.stdout,
+                      keep_pieces: bool = False) -> None:
     tokenizer = data.tokenizer(lang)
     if from_generate:
         lines = parse_generate_output(lines)
     for line in lines:
-        out.write(tokenizer.decode(line.rstrip("\n")) + "\n")
+        line = line.rstrip("\n")
+        out.write((line if keep_pieces else tokenizer.decode(line)) + "\n")

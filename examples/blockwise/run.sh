@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Blockwise parallel decoding (Stern et al. 2018) on Multi30k en->de, on top of the baseline transformer.
+#
+#   distill : the baseline beam-decodes the training set (fairseq-generate --beam 5); its output becomes the
+#             distilled training set (sequence-level knowledge distillation), binarized with the same dictionaries
+#   train   : blockwise_transformer models warm-started from the baseline checkpoint, four variants
+#             regular   = base frozen, original data      distilled = base frozen, distilled data
+#             finetuned = all parameters, original data    both      = all parameters, distilled data
+#   evaluate: fairseq-generate with the blockwise generator + sacrebleu, per variant and block size
+#   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
+#
+# Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
+#   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
+#   env: STAGES ("distill train evaluate bench"), VARIANTS ("regular distilled finetuned both"),
+#        K (heads per model, 10), EPOCHS (training epochs per variant, 3), BLOCK_SIZES ("1 2 4 6 8 10"),
+#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json)
+set -euo pipefail
+BASE=${1:-work/baseline}
+WORK=${2:-work/blockwise}
+STAGES=${STAGES:-distill train evaluate bench}
+VARIANTS=${VARIANTS:-regular distilled finetuned both}
+K=${K:-10}
+EPOCHS=${EPOCHS:-3}
+BLOCK_SIZES=${BLOCK_SIZES:-1 2 4 6 8 10}
+BENCH_JSON=${BENCH_JSON:-docs/results/blockwise.json}
+USER_DIR=$(fairseq-plugins user-dir)
+BASE_CKPT=$BASE/checkpoints/checkpoint_best.pt
+COMMANDS=$WORK/commands.txt
+mkdir -p "$WORK"
+[[ -f $BASE_CKPT ]] || { echo "no baseline checkpoint at $BASE_CKPT: run examples/baseline/run.sh first" >&2; exit 2; }
+
+record() {
+  local line
+  line=$(printf '%q ' "$@")
+  grep -qxF -- "$line" "$COMMANDS" 2>/dev/null || echo "$line" >> "$COMMANDS"
+  "$@"
+}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# ---- sequence-level distillation ------------------------------------------------------------------------
+DISTILL=$WORK/distill
+if stage distill && [[ ! -f $DISTILL/bin/train.en-de.de.bin ]]; then
+  mkdir -p "$DISTILL/tok"
+  record fairseq-generate "$BASE/data/bin" --user-dir "$USER_DIR" --path "$BASE_CKPT" \
+    --source-lang en --target-lang de --gen-subset train --beam 5 --batch-size 128 \
+    > "$DISTILL/generate.train.out"
+  # H lines are SentencePiece pieces (no --bpe given); put them back in corpus order.
+  fairseq-plugins detok "$BASE/data" --from-generate --keep-pieces --input "$DISTILL/generate.train.out" \
+    > "$DISTILL/tok/train.de.tmp"
+  mv "$DISTILL/tok/train.de.tmp" "$DISTILL/tok/train.de"
+  cp "$BASE/data/tok/train.en" "$DISTILL/tok/train.en"
+  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$DISTILL/tok/train" \
+    --srcdict "$BASE/data/bin/dict.en.txt" --tgtdict "$BASE/data/bin/dict.de.txt" \
+    --destdir "$DISTILL/bin.tmp" --workers 2
+  for f in "$BASE"/data/bin/valid.* "$BASE"/data/bin/test.*; do cp "$f" "$DISTILL/bin.tmp/"; done
+  rm -rf "$DISTILL/bin" && mv "$DISTILL/bin.tmp" "$DISTILL/bin"
+fi

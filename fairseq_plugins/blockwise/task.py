@@ -1,0 +1,110 @@
+"""``blockwise_translation``: translation whose generator is blockwise parallel decoding.
+
+Training is stock translation plus the warm start (``--blockwise-base-checkpoint``), which lives here
+because only the task knows whether a model is being built fresh (warm start) or to receive a saved
+checkpoint (no warm start: the checkpoint already holds everything).
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from .generator import BlockwiseGenerator
+from .model import BlockwiseTransformerModel
+
+logger = logging.getLogger(__name__)
+
+BLOCK_ACCEPTANCE_CHOICES = ChoiceEnum(["exact", "topk", "distance"])
+
+
+@dataclass
+class BlockwiseTranslationConfig(TranslationConfig):
+    block_size: int = field(
+        default=0,
+        metadata={"help": "tokens proposed and verified per iteration, at most the model's --blockwise-heads "
+                          "(0: the model's)"},
+    )
+    block_acceptance: BLOCK_ACCEPTANCE_CHOICES = field(
+        default="exact",
+        metadata={"help": "exact: accept a proposal only if it is p_1's argmax (output identical to greedy); "
+                          "topk: if it is among p_1's --block-topk best; distance: if its log-probability "
+                          "under p_1 is within --block-distance of the best token's"},
+    )
+    block_topk: int = field(default=2, metadata={"help": "N of --block-acceptance topk"})
+    block_distance: float = field(
+        default=1.0, metadata={"help": "EPS of --block-acceptance distance: largest accepted gap in natural-log "
+                                       "probability between a proposal and p_1's best token"},
+    )
+    min_block_size: int = field(
+        default=1, metadata={"help": "accept at least this many tokens per iteration even if verification "
+                                     "fails (1: verification decides alone)"},
+    )
+    blockwise_base_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "training: warm-start every parameter but the proposal heads from this "
+                                        "trained fairseq transformer checkpoint (e.g. the baseline's)"},
+    )
+
+
+@register_task("blockwise_translation", dataclass=BlockwiseTranslationConfig)
+class BlockwiseTranslationTask(TranslationTask):
+    cfg: BlockwiseTranslationConfig
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.blockwise_base_checkpoint and not from_checkpoint:
+            if not isinstance(model, BlockwiseTransformerModel):
+                raise ValueError("--blockwise-base-checkpoint needs --arch blockwise_transformer*")
+            model.load_base_checkpoint(self.cfg.blockwise_base_checkpoint)
+        return model
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        model = models[0]
+        if not isinstance(model, BlockwiseTransformerModel):
+            raise ValueError(
+                f"--path: the checkpoint holds a {type(model).__name__}, not a blockwise_transformer; "
+                "blockwise decoding needs proposal heads (train with --arch blockwise_transformer*, "
+                "or decode this model with --task translation)")
+        if len(models) > 1:
+            raise ValueError("--path: blockwise decoding runs one model, not an ensemble")
+        model_k = model.decoder.num_proposal_heads
+        block_size = self.cfg.block_size or model_k
+        if not 1 <= block_size <= model_k:
+            raise ValueError(f"--block-size {self.cfg.block_size}: the model has {model_k} proposal heads "
+                             f"(--blockwise-heads), so the block size must be 1..{model_k}")
+        if self.cfg.block_acceptance == "topk" and self.cfg.block_topk < 1:
+            raise ValueError(f"--block-topk {self.cfg.block_topk}: must be at least 1")
+        if self.cfg.block_acceptance == "distance" and self.cfg.block_distance < 0:
+            raise ValueError(f"--block-distance {self.cfg.block_distance}: must be >= 0")
+        if not 1 <= self.cfg.min_block_size <= block_size:
+            raise ValueError(f"--min-block-size {self.cfg.min_block_size}: must be 1..{block_size} (the block size)")
+        unsupported = {
+            "--beam (blockwise decoding is greedy: pass --beam 1; for beam search use --task translation)":
+                getattr(args, "beam", 1) != 1,
+            "--nbest": getattr(args, "nbest", 1) != 1,
+            "--sampling": getattr(args, "sampling", False),
+            "--print-alignment": bool(getattr(args, "print_alignment", None)),
+            "--match-source-len": getattr(args, "match_source_len", False),
+            "--no-repeat-ngram-size": getattr(args, "no_repeat_ngram_size", 0) > 0,
+            "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
+            "--diversity-rate": getattr(args, "diversity_rate", -1) > 0,
+            "--constraints": bool(getattr(args, "constraints", None)),
+            "--prefix-size": getattr(args, "prefix_size", 0) > 0,
+            "--score-reference": getattr(args, "score_reference", False),
+        }
+        for flag, given in unsupported.items():
+            if given:
+                raise ValueError(f"{flag}: not supported with --task blockwise_translation")
+        return BlockwiseGenerator(
+            model, self.target_dictionary, block_size,
+            acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,
+            min_block_size=self.cfg.min_block_size,
+            max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
+            min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
+            len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),
+            temperature=getattr(args, "temperature", 1.0),
+        )
