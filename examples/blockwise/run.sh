@@ -12,7 +12,8 @@
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
 #   env: STAGES ("distill train evaluate bench"), VARIANTS ("regular distilled finetuned both"),
-#        K (heads per model, 10), EPOCHS (training epochs per variant, 3), BLOCK_SIZES ("1 2 4 6 8 10"),
+#        K (heads per model, 10), FFN_DIM (heads' hidden units per head; default the base's d_ff),
+#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (per variant, 350), BLOCK_SIZES ("1 2 4 6 8 10"),
 #        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json)
 set -euo pipefail
 BASE=${1:-work/baseline}
@@ -20,7 +21,8 @@ WORK=${2:-work/blockwise}
 STAGES=${STAGES:-distill train evaluate bench}
 VARIANTS=${VARIANTS:-regular distilled finetuned both}
 K=${K:-10}
-EPOCHS=${EPOCHS:-3}
+FFN_DIM=${FFN_DIM:-}
+LOSS=${LOSS:-mean}
 BLOCK_SIZES=${BLOCK_SIZES:-1 2 4 6 8 10}
 BENCH_JSON=${BENCH_JSON:-docs/results/blockwise.json}
 USER_DIR=$(fairseq-plugins user-dir)
@@ -54,4 +56,31 @@ if stage distill && [[ ! -f $DISTILL/bin/train.en-de.de.bin ]]; then
     --destdir "$DISTILL/bin.tmp" --workers 2
   for f in "$BASE"/data/bin/valid.* "$BASE"/data/bin/test.*; do cp "$f" "$DISTILL/bin.tmp/"; done
   rm -rf "$DISTILL/bin" && mv "$DISTILL/bin.tmp" "$DISTILL/bin"
+fi
+
+# ---- blockwise models, warm-started from the baseline ----------------------------------------------------
+UPDATES=${UPDATES:-350}
+variant_flags() {  # data dir, then extra fairseq-train flags, of one variant
+  case $1 in
+    regular)   echo "$BASE/data/bin --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
+    distilled) echo "$DISTILL/bin --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
+    finetuned) echo "$BASE/data/bin --lr ${LR_FINETUNE:-3e-4}" ;;
+    both)      echo "$DISTILL/bin --lr ${LR_FINETUNE:-3e-4}" ;;
+    *) echo "unknown variant $1 (regular distilled finetuned both)" >&2; exit 2 ;;
+  esac
+}
+if stage train; then
+  for variant in $VARIANTS; do
+    # shellcheck disable=SC2046  # word splitting of the variant's flags is intended
+    record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \
+      --task blockwise_translation --source-lang en --target-lang de \
+      --arch blockwise_transformer_multi30k --blockwise-heads "$K" ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
+      --blockwise-base-checkpoint "$BASE_CKPT" \
+      --criterion blockwise_label_smoothed_cross_entropy --blockwise-loss "$LOSS" --label-smoothing 0.1 \
+      --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+      --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
+      --max-tokens 4096 --max-update "$UPDATES" --seed 1 \
+      --save-dir "$WORK/$variant/checkpoints" --no-epoch-checkpoints --keep-last-epochs 1 \
+      --log-format simple --log-interval 50
+  done
 fi

@@ -49,8 +49,10 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         heads = list(range(decoder.num_proposal_heads))
         if not (model.training and self.blockwise_loss == "sample"):
             return heads
-        trainable = [h for h in heads if h > 0 or decoder.proposal_heads.learned_first_head
-                     or any(p.requires_grad for p in decoder.parameters())]
+        base_trainable = any(p.requires_grad for name, p in model.named_parameters()
+                             if not name.startswith("decoder.proposal_heads."))
+        # Head 1 of a frozen base with p_1 = identity has nothing to train.
+        trainable = [h for h in heads if h > 0 or decoder.proposal_heads.learned_first_head or base_trainable]
         return [trainable[torch.randint(len(trainable), (1,)).item()]]
 
     def forward(self, model, sample, reduce=True):

@@ -1,0 +1,264 @@
+"""Blockwise parallel decoding: heads, cached block decoding, exactness against stock greedy, CLI errors."""
+
+import argparse
+import json
+import os
+import re
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
+
+import fairseq_plugins  # noqa: F401  (registers the plugins)
+from conftest import TRAIN_FLAGS, plugins_cli, run
+from fairseq_plugins.blockwise.criterion import BlockwiseLabelSmoothedCrossEntropyCriterion
+from fairseq_plugins.blockwise.generator import BlockwiseGenerator
+from fairseq_plugins.blockwise.model import (
+    BlockwiseTransformerModel,
+    ProposalHeads,
+    blockwise_transformer_tiny,
+)
+
+HEADS = 4
+
+
+class _Task:
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def random_model(seed=0, heads=HEADS, learned_first_head=False, std=0.3):
+    """An untrained tiny blockwise model with large random weights, so its outputs vary from token to token."""
+    dictionary = Dictionary()
+    for i in range(30):
+        dictionary.add_symbol(f"w{i}")
+    args = argparse.Namespace(blockwise_heads=heads, blockwise_learned_first_head=learned_first_head)
+    blockwise_transformer_tiny(args)
+    args.dropout = 0.0
+    torch.manual_seed(seed)
+    model = BlockwiseTransformerModel.build_model(args, _Task(dictionary))
+    for parameter in model.parameters():
+        torch.nn.init.normal_(parameter, std=std)
+    return model.eval(), dictionary
+
+
+def random_batch(dictionary, bsz=6, src_len=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, src_len + 1, (bsz,), generator=g)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def test_proposal_heads_keep_the_base_as_head_one_and_compute_any_subset():
+    heads = ProposalHeads(embed_dim=8, ffn_dim_per_head=5, num_heads=4, learned_first_head=False, dropout=0.0)
+    for parameter in heads.parameters():
+        torch.nn.init.normal_(parameter)
+    x = torch.randn(3, 2, 8)
+    every = heads(x)
+    assert every.shape == (3, 2, 4, 8)
+    assert torch.equal(every[..., 0, :], x)
+    assert torch.allclose(heads(x, [3, 1]), every[..., [3, 1], :], atol=1e-6)
+    assert heads.fc2.out_features == 3 * 8 and heads.fc1.out_features == 4 * 5  # k * d_ff hidden
+    learned = ProposalHeads(8, 5, 4, learned_first_head=True, dropout=0.0)
+    assert learned.fc2.out_features == 4 * 8
+
+
+@pytest.mark.parametrize("learned_first_head", [False, True])
+def test_ragged_block_decoding_with_rollback_equals_the_full_forward_pass(learned_first_head):
+    """Feed blocks, keep a different number of tokens per sentence, feed more: the states of the kept
+    tokens equal those of one full forward pass over each sentence's kept sequence."""
+    model, dictionary = random_model(learned_first_head=learned_first_head)
+    decoder = model.decoder
+    sample = random_batch(dictionary, bsz=3)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    g = torch.Generator().manual_seed(1)
+    bsz = 3
+    state = {}
+    kept = [[dictionary.eos()] for _ in range(bsz)]
+    kept_features = [[] for _ in range(bsz)]
+    start = torch.full((bsz, 1), dictionary.eos())
+    first = decoder.block_features(start, torch.zeros_like(start), encoder_out, state)
+    for b in range(bsz):
+        kept_features[b].append(first[b, 0])
+    cached = torch.ones(bsz, dtype=torch.long)
+    for accept in ([3, 1, 2], [1, 1, 1], [2, 4, 1], [4, 4, 4]):
+        block = torch.randint(dictionary.nspecial, len(dictionary), (bsz, 4), generator=g)
+        physical = decoder.cached_length(state)
+        features = decoder.block_features(block, cached.unsqueeze(1) + torch.arange(4), encoder_out, state)
+        accepted = torch.tensor(accept)
+        for b, n in enumerate(accept):
+            kept[b] += block[b, :n].tolist()
+            kept_features[b] += list(features[b, :n])
+        new_cached = cached + accepted
+        width = int(new_cached.max())
+        j = torch.arange(width).unsqueeze(0)
+        slots = torch.where(j < cached.unsqueeze(1), j, physical + j - cached.unsqueeze(1))
+        valid = j < new_cached.unsqueeze(1)
+        decoder.keep_cache_slots(state, torch.where(valid, slots, torch.zeros_like(slots)), valid)
+        cached = new_cached
+    for b in range(bsz):
+        tokens = torch.tensor([kept[b]])
+        one = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([b]))
+        full, _ = decoder(tokens, encoder_out=one, features_only=True)
+        assert torch.allclose(torch.stack(kept_features[b]), full[0], atol=1e-5), f"sentence {b}"
+        # forward() gives p_1's logits whichever way p_1 is defined
+        logits, _ = decoder(tokens, encoder_out=one)
+        assert torch.allclose(logits, decoder.head_logits(full, [0]).squeeze(-2), atol=1e-5)
+
+
+@pytest.mark.parametrize("max_len_b", [3, 25])
+@pytest.mark.parametrize("heads", ["random", "copying"])
+def test_exact_acceptance_equals_stock_greedy_on_a_random_model(max_len_b, heads):
+    model, dictionary = random_model()
+    if heads == "copying":
+        # Heads that repeat p_1's guess: this random model repeats one token, so whole blocks are accepted
+        # and cut by the forced EOS at max_len, exercising multi-token acceptance and rollback.
+        torch.nn.init.zeros_(model.decoder.proposal_heads.fc2.weight)
+        torch.nn.init.zeros_(model.decoder.proposal_heads.fc2.bias)
+        with torch.no_grad():  # and EOS only when forced, so outputs run to max_len
+            model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=8)
+    stock = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=max_len_b)
+    expected = stock.generate([model], sample)
+    for block_size in (1, 2, HEADS):
+        generator = BlockwiseGenerator(model, dictionary, block_size, max_len_b=max_len_b)
+        for got, want in zip(generator.generate([model], sample), expected):
+            assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+            assert torch.allclose(got[0]["positional_scores"], want[0]["positional_scores"], atol=1e-4)
+            assert abs(float(got[0]["score"]) - float(want[0]["score"])) < 1e-4
+        stats = generator.generation_stats()
+        assert stats["sentences"] == 8 and stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
+        if heads == "copying" and block_size > 1 and max_len_b > 3:
+            assert stats["mean_accepted_block_size"] > block_size - 1
+
+
+def test_min_block_size_and_approximate_acceptance_accept_more_per_iteration():
+    model, dictionary = random_model()
+    with torch.no_grad():  # EOS only when forced at max_len: long outputs
+        model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=8)
+    sizes = {}
+    for name, kwargs in {"exact": {}, "min2": {"min_block_size": 2}, "topk": {"acceptance": "topk", "topk": 30},
+                         "distance": {"acceptance": "distance", "distance": 1e9}}.items():
+        generator = BlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **kwargs)
+        hypotheses = generator.generate([model], sample)
+        assert all(h[0]["tokens"][-1] == dictionary.eos() for h in hypotheses)
+        assert all(len(h[0]["tokens"]) <= 26 for h in hypotheses)
+        sizes[name] = generator.generation_stats()["mean_accepted_block_size"]
+    assert sizes["min2"] > sizes["exact"]
+    # Accepting everything the constraints allow: every iteration takes the whole block (but the last).
+    assert sizes["topk"] > 3.0 and sizes["distance"] > 3.0
+
+
+def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset():
+    model, dictionary = random_model(std=0.05)
+    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(_Task(dictionary), False, 0.0)
+    target = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 1, 1]])
+    prev = torch.tensor([[2, 5, 6, 7, 8], [2, 9, 10, 2, 1]])
+    sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},
+              "target": target, "ntokens": 8}
+    loss, _, logs = criterion(model, sample)
+    features, _ = model(**sample["net_input"], features_only=True)
+    expected = 0.0
+    for head in range(HEADS):
+        lprobs = torch.log_softmax(model.decoder.head_logits(features, [head]).squeeze(-2), -1)
+        nll, count = 0.0, 0
+        for b in range(2):
+            for j in range(5):
+                if j + head < 5 and target[b, j + head] != dictionary.pad():
+                    nll -= lprobs[b, j, target[b, j + head]]
+                    count += 1
+        assert logs[f"head{head + 1}_total"] == count
+        assert torch.allclose(logs[f"head{head + 1}_nll_loss"], nll, atol=1e-4)
+        expected = expected + nll
+    assert torch.allclose(loss, expected / HEADS, atol=1e-4)
+
+
+# --- through fairseq-train and fairseq-generate -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def blockwise_trained(trained, tmp_path_factory):
+    """Proposal heads trained on the frozen tiny baseline (the paper's 'regular' setting)."""
+    save_dir = str(tmp_path_factory.mktemp("blockwise"))
+    flags = [f for f in TRAIN_FLAGS]
+    flags[flags.index("--task") + 1] = "blockwise_translation"
+    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
+    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
+    flags[flags.index("--lr") + 1] = "3e-3"
+    run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--blockwise-heads", HEADS,
+        "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
+        "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+    return {**trained, "blockwise": os.path.join(save_dir, "checkpoint_best.pt")}
+
+
+def generate(data, checkpoint, *flags, check=True):
+    return run("fairseq_cli.generate", os.path.join(data, "bin"), "--user-dir", fairseq_plugins.__path__[0],
+               "--path", checkpoint, "--gen-subset", "test", "--beam", 1, *flags, check=check)
+
+
+def hypotheses(output):
+    lines = sorted(line.split("\t") for line in output.splitlines() if line.startswith("H-"))
+    return [(head, text) for head, _score, text in lines], [float(score) for _head, score, _text in lines]
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_exact_blockwise_generate_is_stock_greedy_on_every_sentence(blockwise_trained, batch_size):
+    data = blockwise_trained["data"]
+    stock = generate(data, blockwise_trained["checkpoint"], "--task", "translation", "--batch-size", batch_size)
+    ours = generate(data, blockwise_trained["blockwise"], "--task", "blockwise_translation",
+                    "--batch-size", batch_size)
+    (stock_hyps, stock_scores), (our_hyps, our_scores) = hypotheses(stock.stdout), hypotheses(ours.stdout)
+    assert len(our_hyps) == 40 and our_hyps == stock_hyps
+    assert max(abs(a - b) for a, b in zip(stock_scores, our_scores)) < 1e-3
+    summary = re.search(r"mean accepted block size ([\d.]+), (\d+) decoder invocations", ours.stderr)
+    assert summary, ours.stderr[-2000:]
+    # Trained heads make blocks longer than one token; fewer calls than tokens.
+    assert float(summary.group(1)) > 1.2
+
+
+def test_blockwise_checkpoint_still_decodes_with_stock_beam_search(blockwise_trained):
+    base = generate(blockwise_trained["data"], blockwise_trained["checkpoint"], "--task", "translation",
+                    "--beam", 4)
+    ours = generate(blockwise_trained["data"], blockwise_trained["blockwise"], "--task", "translation",
+                    "--beam", 4)
+    assert hypotheses(ours.stdout)[0] == hypotheses(base.stdout)[0]  # frozen base, p_1 = identity
+
+
+@pytest.mark.parametrize("which, flags, message", [
+    ("blockwise", ["--block-size", 5], "--block-size 5: the model has 4 proposal heads"),
+    ("blockwise", ["--block-acceptance", "topk", "--block-topk", 0], "--block-topk 0: must be at least 1"),
+    ("blockwise", ["--min-block-size", 9], "--min-block-size 9: must be 1..4"),
+    ("blockwise", ["--beam", 5], "--beam (blockwise decoding is greedy"),
+    ("checkpoint", [], "--path: the checkpoint holds a TransformerModel, not a blockwise_transformer"),
+])
+def test_bad_flags_and_checkpoints_are_clear_errors(blockwise_trained, which, flags, message):
+    checkpoint = blockwise_trained["blockwise" if which == "blockwise" else "checkpoint"]
+    proc = generate(blockwise_trained["data"], checkpoint, "--task", "blockwise_translation", *flags, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+
+
+def test_warm_start_from_a_missing_or_mismatched_checkpoint_is_a_clear_error(trained, tmp_path):
+    flags = [f for f in TRAIN_FLAGS]
+    flags[flags.index("--task") + 1] = "blockwise_translation"
+    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
+    flags[flags.index("--arch") + 1] = "blockwise_transformer_multi30k"  # 256-d: the tiny base does not fit
+    for base, message in ((trained["checkpoint"], "not a transformer of this architecture"),
+                          (str(tmp_path / "none.pt"), "none.pt: no such file")):
+        proc = run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--max-epoch", 1,
+                   "--blockwise-base-checkpoint", base, "--save-dir", tmp_path, check=False)
+        assert proc.returncode != 0 and f"--blockwise-base-checkpoint {base}" in proc.stderr
+        assert message in proc.stderr
+
+
+def test_bench_reports_block_statistics_and_identity(blockwise_trained, tmp_path):
+    result_path = tmp_path / "bw.json"
+    plugins_cli("bench", "--method", "blockwise", "--path", blockwise_trained["blockwise"],
+                "--data", blockwise_trained["data"], "--threads", 1, "--runs", 1, "--beam", 1,
+                "--limit", 20, "--json", result_path, "--block-size", 3)
+    result = json.loads(result_path.read_text())
+    assert result["stats"]["block_size"] == 3 and result["stats"]["sentences"] == 20
+    assert result["stats"]["mean_accepted_block_size"] >= 1.0
+    assert result["stats"]["outputs_identical_to_baseline"] is True
