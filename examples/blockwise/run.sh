@@ -84,3 +84,48 @@ if stage train; then
       --log-format simple --log-interval 50
   done
 fi
+
+# ---- benchmarks: every figure is fairseq-plugins bench (blockwise vs stock greedy, same model, same run) ----
+RESULTS=${BENCH_JSON%.json}
+bench_cell() {  # json label variant block-size batch-size runs limit [extra generator flags]
+  local json=$1 label=$2 variant=$3 block=$4 batch=$5 runs=$6 limit=$7
+  shift 7
+  fairseq-plugins bench --method blockwise --path "$WORK/$variant/checkpoints/checkpoint_best.pt" \
+    --data "$BASE/data" --split test --device "${DEVICE:-cpu}" --threads "${THREADS:-1}" \
+    --beam 1 --block-size "$block" "$@" --batch-size "$batch" --runs "$runs" --limit "$limit" \
+    --latency-limit "${LATENCY_LIMIT:-100}" --label "$label" --provenance "$BASE/commands.txt" "$COMMANDS" \
+    --json "$json" --append
+}
+
+if stage evaluate; then
+  # Paper Table 1: BLEU and mean accepted block size per variant and block size (batched; speed is not the
+  # point of this table, see the bench stage). Block sizes below K use the first heads of the K-head model.
+  for variant in $VARIANTS; do
+    for block in $BLOCK_SIZES; do
+      bench_cell "${RESULTS}_table1.json" "$variant k=$block" "$variant" "$block" 64 1 "${BENCH_LIMIT:-0}"
+    done
+  done
+fi
+
+if stage bench; then
+  BEST=${BEST_VARIANT:-both}
+  BEST_K=${BEST_K:-$K}
+  # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
+  for batch in 1 32; do
+    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
+      "${BENCH_LIMIT:-0}"
+  done
+  # Speedup against k (paper Fig. 4), batch 1, on a subset.
+  for block in $BLOCK_SIZES; do
+    bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-300}"
+  done
+  # Approximate acceptance and minimum block size, side by side with exact (batched).
+  for flags in "--block-acceptance exact" "--block-acceptance topk --block-topk 2" \
+               "--block-acceptance topk --block-topk 3" "--block-acceptance distance --block-distance 1.0" \
+               "--block-acceptance distance --block-distance 2.0" "--min-block-size 2" "--min-block-size 3"; do
+    # shellcheck disable=SC2086  # the flags are words
+    bench_cell "${RESULTS}_acceptance.json" "$BEST k=$BEST_K ${flags//--/}" "$BEST" "$BEST_K" 64 1 \
+      "${BENCH_LIMIT:-0}" $flags
+  done
+  python "$(dirname "$0")/plots.py" "$RESULTS"
+fi

@@ -60,13 +60,17 @@ fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size "$VOCAB" --
   || { tail -5 "$WORK/prepare.log" >&2; exit 1; }
 
 say "train the baseline (small; capped at 7 minutes)"
+# BASELINE_ARCH: the baseline's sizes, which a method that warm-starts from it must repeat.
 if (( SYNTHETIC )); then
-  SIZE=(--arch baseline_transformer_tiny --max-epoch 12 --lr 5e-3 --warmup-updates 50)
+  BASELINE_ARCH="--arch baseline_transformer_tiny"
+  SCHEDULE=(--max-epoch 12 --lr 5e-3 --warmup-updates 50)
 else
-  SIZE=(--arch baseline_transformer_tiny --encoder-embed-dim 128 --decoder-embed-dim 128
-        --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --max-update 1500 --lr 2e-3 --warmup-updates 200)
+  BASELINE_ARCH="--arch baseline_transformer_tiny --encoder-embed-dim 128 --decoder-embed-dim 128
+                 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512"
+  SCHEDULE=(--max-update 1500 --lr 2e-3 --warmup-updates 200)
 fi
-fairseq-train "$WORK/data/bin" --user-dir "$USER_DIR" --task translation "${SIZE[@]}" \
+# shellcheck disable=SC2086  # BASELINE_ARCH is a list of words
+fairseq-train "$WORK/data/bin" --user-dir "$USER_DIR" --task translation $BASELINE_ARCH "${SCHEDULE[@]}" \
   --optimizer adam --adam-betas '(0.9, 0.98)' --lr-scheduler inverse_sqrt \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --seed 1 \
   --stop-time-hours 0.12 --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
@@ -92,7 +96,7 @@ bench --method baseline --path "$BASELINE_CKPT" --beam 5
 bench --method baseline --path "$BASELINE_CKPT" --beam 1
 
 # ---- every landed method ----------------------------------------------------------------------------------
-export WORK USER_DIR BASELINE_CKPT BENCH_JSON BENCH_LIMIT SYNTHETIC
+export WORK USER_DIR BASELINE_CKPT BASELINE_ARCH BENCH_JSON BENCH_LIMIT SYNTHETIC
 export -f bench say
 shopt -s nullglob
 for method_demo in examples/*/demo.sh; do
