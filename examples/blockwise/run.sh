@@ -98,6 +98,7 @@ bench_cell() {  # json label variant block-size batch-size runs limit [extra gen
 }
 
 if stage evaluate; then
+  rm -f "${RESULTS}_table1.json"
   # Paper Table 1: BLEU and mean accepted block size per variant and block size (batched; speed is not the
   # point of this table, see the bench stage). Block sizes below K use the first heads of the K-head model.
   for variant in $VARIANTS; do
@@ -109,17 +110,21 @@ fi
 
 if stage bench; then
   BEST=${BEST_VARIANT:-both}
-  BEST_K=${BEST_K:-$K}
+  # Speedup against k (paper Fig. 4): one thread, batch 1, on a subset.
+  rm -f "${RESULTS}_speed_vs_k.json"
+  for block in $BLOCK_SIZES; do
+    bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-300}"
+  done
+  # The best k of that sweep, unless BEST_K is given.
+  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max(L(sys.argv[1]), key=lambda r: r["ratios"]["sentences_per_s"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
   # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
+  rm -f "${RESULTS}.json"
   for batch in 1 32; do
     bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
       "${BENCH_LIMIT:-0}"
   done
-  # Speedup against k (paper Fig. 4), batch 1, on a subset.
-  for block in $BLOCK_SIZES; do
-    bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-300}"
-  done
   # Approximate acceptance and minimum block size, side by side with exact (batched).
+  rm -f "${RESULTS}_acceptance.json"
   for flags in "--block-acceptance exact" "--block-acceptance topk --block-topk 2" \
                "--block-acceptance topk --block-topk 3" "--block-acceptance distance --block-distance 1.0" \
                "--block-acceptance distance --block-distance 2.0" "--min-block-size 2" "--min-block-size 3"; do

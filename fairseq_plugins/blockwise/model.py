@@ -64,8 +64,9 @@ class ProposalHeads(nn.Module):
             d = self.embed_dim
             # Only the output rows of the requested heads are computed (one head per batch in training
             # with --blockwise-loss sample, the block size's heads at inference).
-            if len(needed) == self.num_learned:
-                weight, bias = self.fc2.weight, self.fc2.bias
+            if needed == list(range(needed[0], needed[-1] + 1)):  # contiguous heads: a view, no copy
+                weight = self.fc2.weight[needed[0] * d:(needed[-1] + 1) * d]
+                bias = self.fc2.bias[needed[0] * d:(needed[-1] + 1) * d]
             else:
                 row_index = (rows.unsqueeze(1) * d + torch.arange(d, device=x.device)).view(-1)
                 weight, bias = self.fc2.weight.index_select(0, row_index), self.fc2.bias.index_select(0, row_index)
