@@ -6,6 +6,7 @@
 #   train   : blockwise_transformer models warm-started from the baseline checkpoint, four variants
 #             regular   = base frozen, original data      distilled = base frozen, distilled data
 #             finetuned = all parameters, original data    both      = all parameters, distilled data
+#             (the fine-tuned ones continue from the frozen ones of the same data)
 #   evaluate: fairseq-generate with the blockwise generator + sacrebleu, per variant and block size
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #
@@ -13,7 +14,7 @@
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
 #   env: STAGES ("distill train evaluate bench"), VARIANTS ("regular distilled finetuned both"),
 #        K (heads per model, 10), FFN_DIM (heads' hidden units per head; default the base's d_ff),
-#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (per variant, 350), BLOCK_SIZES ("1 2 4 6 8 10"),
+#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (frozen variants, 350), FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10"),
 #        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json)
 set -euo pipefail
 BASE=${1:-work/baseline}
@@ -60,12 +61,17 @@ fi
 
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------
 UPDATES=${UPDATES:-350}
-variant_flags() {  # data dir, then extra fairseq-train flags, of one variant
+FINETUNE_UPDATES=${FINETUNE_UPDATES:-200}
+variant_updates() { case $1 in regular|distilled) echo "$UPDATES" ;; *) echo "$FINETUNE_UPDATES" ;; esac; }
+# Fine-tuning starts from the frozen variant's heads: unfreezing a base under freshly initialised heads lets
+# their large early gradients pull the base away from its own predictions (measured: head-1 validation
+# accuracy fell from 67% to 42% in 350 updates).
+variant_flags() {  # data dir, warm-start checkpoint, then extra fairseq-train flags, of one variant
   case $1 in
-    regular)   echo "$BASE/data/bin --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
-    distilled) echo "$DISTILL/bin --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
-    finetuned) echo "$BASE/data/bin --lr ${LR_FINETUNE:-3e-4}" ;;
-    both)      echo "$DISTILL/bin --lr ${LR_FINETUNE:-3e-4}" ;;
+    regular)   echo "$BASE/data/bin --blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
+    distilled) echo "$DISTILL/bin --blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
+    finetuned) echo "$BASE/data/bin --blockwise-base-checkpoint $WORK/regular/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
+    both)      echo "$DISTILL/bin --blockwise-base-checkpoint $WORK/distilled/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
     *) echo "unknown variant $1 (regular distilled finetuned both)" >&2; exit 2 ;;
   esac
 }
@@ -75,11 +81,10 @@ if stage train; then
     record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \
       --task blockwise_translation --source-lang en --target-lang de \
       --arch blockwise_transformer_multi30k --blockwise-heads "$K" ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
-      --blockwise-base-checkpoint "$BASE_CKPT" \
       --criterion blockwise_label_smoothed_cross_entropy --blockwise-loss "$LOSS" --label-smoothing 0.1 \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
-      --max-tokens 4096 --max-update "$UPDATES" --seed 1 \
+      --max-tokens 4096 --max-update "$(variant_updates "$variant")" --seed 1 \
       --save-dir "$WORK/$variant/checkpoints" --no-epoch-checkpoints --keep-last-epochs 1 \
       --log-format simple --log-interval 50
   done
