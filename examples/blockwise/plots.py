@@ -2,6 +2,7 @@
 over stock greedy against block size k (paper Fig. 4). Usage: plots.py RESULTS_PREFIX (e.g. docs/results/blockwise)
 """
 
+import logging
 import os
 import sys
 
@@ -11,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fairseq_plugins.bench.report import load_results  # noqa: E402
+
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # importing fairseq leaves the root logger chatty
 
 
 def main(prefix: str) -> None:

@@ -7,15 +7,19 @@
 #             regular   = base frozen, original data      distilled = base frozen, distilled data
 #             finetuned = all parameters, original data    both      = all parameters, distilled data
 #             (the fine-tuned ones continue from the frozen ones of the same data)
-#   evaluate: fairseq-generate with the blockwise generator + sacrebleu, per variant and block size
+#   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
 #   env: STAGES ("distill train evaluate bench"), VARIANTS ("regular distilled finetuned both"),
 #        K (heads per model, 10), FFN_DIM (heads' hidden units per head; default the base's d_ff),
-#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (frozen variants, 350), FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10"),
-#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json)
+#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (frozen variants, 350),
+#        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10"),
+#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (2), BENCH_JSON (docs/results/blockwise.json),
+#        BEST_VARIANT (regular: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
+#        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
+#        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/blockwise}
@@ -114,25 +118,28 @@ if stage evaluate; then
 fi
 
 if stage bench; then
-  BEST=${BEST_VARIANT:-both}
-  # Speedup against k (paper Fig. 4): one thread, batch 1, on a subset.
-  rm -f "${RESULTS}_speed_vs_k.json"
-  for block in $BLOCK_SIZES; do
-    bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-300}"
-  done
-  # The best k of that sweep, unless BEST_K is given.
-  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max(L(sys.argv[1]), key=lambda r: r["ratios"]["sentences_per_s"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
+  BEST=${BEST_VARIANT:-regular}
+  # Speedup against k (paper Fig. 4): one thread, batch 1, on a subset (SKIP_SWEEP=1 keeps an earlier sweep).
+  if [[ ${SKIP_SWEEP:-0} != 1 ]]; then
+    rm -f "${RESULTS}_speed_vs_k.json"
+    for block in $BLOCK_SIZES; do
+      bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-200}"
+    done
+  fi
+  # The fastest k >= 2 of that sweep (k = 1 is greedy decoding), unless BEST_K is given.
+  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max((r for r in L(sys.argv[1]) if r["stats"]["block_size"] > 1), key=lambda r: r["ratios"]["sentences_per_s"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
   # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
   rm -f "${RESULTS}.json"
   for batch in 1 32; do
-    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
+    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-2}" \
       "${BENCH_LIMIT:-0}"
   done
   # Approximate acceptance and minimum block size, side by side with exact (batched).
   rm -f "${RESULTS}_acceptance.json"
-  for flags in "--block-acceptance exact" "--block-acceptance topk --block-topk 2" \
-               "--block-acceptance topk --block-topk 3" "--block-acceptance distance --block-distance 1.0" \
-               "--block-acceptance distance --block-distance 2.0" "--min-block-size 2" "--min-block-size 3"; do
+  settings=("--block-acceptance exact" "--block-acceptance topk --block-topk 2"
+            "--block-acceptance distance --block-distance 1.0")
+  for min_block in 2 3; do (( min_block <= BEST_K )) && settings+=("--min-block-size $min_block"); done
+  for flags in "${settings[@]}"; do
     # shellcheck disable=SC2086  # the flags are words
     bench_cell "${RESULTS}_acceptance.json" "$BEST k=$BEST_K ${flags//--/}" "$BEST" "$BEST_K" 64 1 \
       "${BENCH_LIMIT:-0}" $flags
