@@ -118,3 +118,14 @@ def test_bad_paths_and_flags_are_clear_errors(tiny_raw, tmp_path):
 def test_parse_generate_output_orders_by_sentence_id():
     lines = ["S-2\ta", "H-2\t-0.1\tc d", "H-0\t-0.3\ta b", "D-0\t-0.3\tab", "H-1\t-0.2\t", "H-0\t-0.9\tworse"]
     assert parse_generate_output(lines) == ["a b", "", "c d"]
+
+
+def test_detok_keep_pieces_writes_generate_hypotheses_in_corpus_order(tiny_raw, tmp_path):
+    """What the blockwise recipe's distillation stage binarises: tokens as generated, sentence order."""
+    out = str(tmp_path / "prep")
+    plugins_cli("prepare", tiny_raw, out, "-s", "src", "-t", "tgt", "--char")
+    generated = tmp_path / "generate.out"
+    generated.write_text(f"H-1\t-0.2\tb {VISIBLE_SPACE} c\nH-0\t-0.1\ta\n")
+    pieces = plugins_cli("detok", out, "--from-generate", "--keep-pieces", "--input", generated).stdout
+    assert pieces == f"a\nb {VISIBLE_SPACE} c\n"
+    assert plugins_cli("detok", out, "--from-generate", "--input", generated).stdout == "a\nb c\n"

@@ -13,7 +13,7 @@ k in a single invocation.
 """
 
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
