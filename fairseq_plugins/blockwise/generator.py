@@ -55,7 +55,7 @@ class BlockwiseGenerator:
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) ------------------
 
     def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0}
+        self._stats = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0, "batches": 0}
 
     def generation_stats(self) -> Dict:
         s = dict(self._stats)
@@ -67,10 +67,11 @@ class BlockwiseGenerator:
     def _log_summary(self) -> None:
         s = self.generation_stats()
         if s["sentences"]:
+            # Calls are batched: greedy decoding makes one per output token of a batch's longest sentence.
             logger.info("blockwise (k=%d, %s): %d sentences, %d tokens, mean accepted block size %.2f, "
-                        "%d decoder invocations (%.2f per sentence)", self.block_size, self.acceptance,
+                        "%d decoder invocations in %d batches (%.1f per batch)", self.block_size, self.acceptance,
                         s["sentences"], s["tokens"], s["mean_accepted_block_size"], s["decoder_invocations"],
-                        s["decoder_invocations"] / s["sentences"])
+                        s["batches"], s["decoder_invocations"] / s["batches"])
 
     # --- decoding ---------------------------------------------------------------------------------------
 
@@ -89,6 +90,7 @@ class BlockwiseGenerator:
         max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 1)
         device = src_tokens.device
 
+        self._stats["batches"] += 1
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         bos = self.eos if bos_token is None else bos_token
