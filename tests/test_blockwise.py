@@ -92,13 +92,8 @@ def test_ragged_block_decoding_with_rollback_equals_the_full_forward_pass(learne
         for b, n in enumerate(accept):
             kept[b] += block[b, :n].tolist()
             kept_features[b] += list(features[b, :n])
-        new_cached = cached + accepted
-        width = int(new_cached.max())
-        j = torch.arange(width).unsqueeze(0)
-        slots = torch.where(j < cached.unsqueeze(1), j, physical + j - cached.unsqueeze(1))
-        valid = j < new_cached.unsqueeze(1)
-        decoder.keep_cache_slots(state, torch.where(valid, slots, torch.zeros_like(slots)), valid)
-        cached = new_cached
+        decoder.rollback_cache(state, cached, accepted, physical)
+        cached = cached + accepted
     for b in range(bsz):
         tokens = torch.tensor([kept[b]])
         one = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([b]))

@@ -18,14 +18,8 @@ CKPT=$WORK/checkpoints/checkpoint_best.pt
 COMMANDS=$WORK/commands.txt
 mkdir -p "$WORK"
 
-# Run a command and record it (once) as provenance for the benchmark JSON.
-record() {
-  local line
-  line=$(printf '%q ' "$@")
-  grep -qxF -- "$line" "$COMMANDS" 2>/dev/null || echo "$line" >> "$COMMANDS"
-  "$@"
-}
-stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# shellcheck source=examples/common.sh
+source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
 
 if stage prepare && [[ ! -f $WORK/data/prepare.json ]]; then
   record fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size 8000 --workers 2

@@ -36,13 +36,8 @@ COMMANDS=$WORK/commands.txt
 mkdir -p "$WORK"
 [[ -f $BASE_CKPT ]] || { echo "no baseline checkpoint at $BASE_CKPT: run examples/baseline/run.sh first" >&2; exit 2; }
 
-record() {
-  local line
-  line=$(printf '%q ' "$@")
-  grep -qxF -- "$line" "$COMMANDS" 2>/dev/null || echo "$line" >> "$COMMANDS"
-  "$@"
-}
-stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# shellcheck source=examples/common.sh
+source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
 
 # ---- sequence-level distillation ------------------------------------------------------------------------
 DISTILL=$WORK/distill

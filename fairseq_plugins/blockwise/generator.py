@@ -120,13 +120,10 @@ class BlockwiseGenerator:
                 tokens[rows[r]].append(first[r:r + 1])
                 scores[rows[r]].append(first_score[r:r + 1])
             if done_now.any():
-                keep = (~done_now).nonzero().view(-1)
-                rows, generated, cached, block, first_score = (
-                    t.index_select(0, keep) for t in (rows, generated, cached, block, first_score))
+                encoder_out, (rows, generated, cached, block, first_score) = self._drop_rows(
+                    done_now, incremental_state, encoder_out, (rows, generated, cached, block, first_score))
                 if rows.numel() == 0:
                     break
-                self._select_rows(incremental_state, keep)
-                encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
 
             positions = (cached.unsqueeze(1) + steps).clamp(max=self.max_positions - 1)
             physical = self.decoder.cached_length(incremental_state)
@@ -149,21 +146,17 @@ class BlockwiseGenerator:
                 tokens[row].append(block[r, :n])
                 scores[row].append(token_scores[r, :n])
 
-            last = accepted - 1
-            state = features[torch.arange(rows.numel(), device=device), last]
-            lprobs = block_lprobs[torch.arange(rows.numel(), device=device), last]
+            row_index, last = torch.arange(rows.numel(), device=device), accepted - 1
+            state, lprobs = features[row_index, last], block_lprobs[row_index, last]
             generated = generated + accepted
-            self._rollback(incremental_state, cached, accepted, physical)
+            self.decoder.rollback_cache(incremental_state, cached, accepted, physical)
             cached = cached + accepted
 
             if finished.any():
-                keep = (~finished).nonzero().view(-1)
-                rows, generated, cached, state, lprobs = (
-                    t.index_select(0, keep) for t in (rows, generated, cached, state, lprobs))
+                encoder_out, (rows, generated, cached, state, lprobs) = self._drop_rows(
+                    finished, incremental_state, encoder_out, (rows, generated, cached, state, lprobs))
                 if rows.numel() == 0:
                     break
-                self._select_rows(incremental_state, keep)
-                encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
 
         return [self._hypothesis(torch.cat(tokens[i]), torch.cat(scores[i])) for i in range(bsz)]
 
@@ -220,19 +213,10 @@ class BlockwiseGenerator:
         forced = torch.arange(proposed.size(1), device=proposed.device) < self.min_block_size - 1
         return (ok | forced.unsqueeze(0)) & allowed
 
-    def _rollback(self, incremental_state, cached: Tensor, accepted: Tensor, physical: int) -> None:
-        """Keep each row's old slots plus its accepted block slots, packed; drop the rejected tail."""
-        new_cached = cached + accepted
-        if bool((cached == physical).all()) and bool((accepted == accepted[0]).all()):
-            self.decoder.truncate_cache(incremental_state, physical + int(accepted[0]))
-            return
-        width = int(new_cached.max())
-        j = torch.arange(width, device=cached.device).unsqueeze(0)
-        old = j < cached.unsqueeze(1)
-        valid = j < new_cached.unsqueeze(1)
-        slots = torch.where(old, j, physical + j - cached.unsqueeze(1))
-        slots = torch.where(valid, slots, torch.zeros_like(slots))
-        self.decoder.keep_cache_slots(incremental_state, slots, valid)
-
-    def _select_rows(self, incremental_state, keep: Tensor) -> None:
-        self.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+    def _drop_rows(self, done: Tensor, incremental_state, encoder_out, tensors):
+        """Remove the ``done`` rows from the batch: cache, encoder output and the given per-row tensors."""
+        keep = (~done).nonzero().view(-1)
+        if keep.numel() > 0:  # the caller stops once the batch is empty
+            self.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
+        return encoder_out, tuple(t.index_select(0, keep) for t in tensors)

@@ -60,7 +60,6 @@ class ProposalHeads(nn.Module):
         needed = [j for j in learned if j >= 0]
         if needed:
             hidden = self.dropout(F.relu(self.fc1(x)))
-            rows = torch.tensor(needed, device=x.device)
             d = self.embed_dim
             # Only the output rows of the requested heads are computed (one head per batch in training
             # with --blockwise-loss sample, the block size's heads at inference).
@@ -68,6 +67,7 @@ class ProposalHeads(nn.Module):
                 weight = self.fc2.weight[needed[0] * d:(needed[-1] + 1) * d]
                 bias = self.fc2.bias[needed[0] * d:(needed[-1] + 1) * d]
             else:
+                rows = torch.tensor(needed, device=x.device)
                 row_index = (rows.unsqueeze(1) * d + torch.arange(d, device=x.device)).view(-1)
                 weight, bias = self.fc2.weight.index_select(0, row_index), self.fc2.bias.index_select(0, row_index)
             deltas = F.linear(hidden, weight, bias).view(*x.shape[:-1], len(needed), d)
@@ -162,12 +162,25 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         table = self.embed_positions(row)[0]  # (n, d)
         return table[positions]
 
-    def keep_cache_slots(self, incremental_state: IncrementalState, slots: Tensor, valid: Tensor) -> None:
-        """Keep, per sentence, the cache slots ``slots`` (B, T') in that order; ``valid`` (B, T') marks real ones.
+    def rollback_cache(self, incremental_state: IncrementalState, cached: Tensor, accepted: Tensor,
+                       physical: int) -> None:
+        """Drop the rejected tail of a block fed by ``block_features``.
 
-        This is the rollback of rejected proposals: their keys and values are dropped, the accepted ones are
-        packed after the sentence's earlier slots, and the rest of the row is padding.
+        Before that call each row had ``cached`` (B,) valid slots, packed first among ``physical`` slots;
+        the block was appended after them. Each row keeps its old slots plus the first ``accepted`` (B,) of
+        its block, packed again; the rest of the row is padding, masked by the key padding mask.
         """
+        new_cached = cached + accepted
+        if bool((cached == physical).all()) and bool((accepted == accepted[0]).all()):
+            self._truncate_cache(incremental_state, physical + int(accepted[0]))  # batch 1, or all alike
+            return
+        j = torch.arange(int(new_cached.max()), device=cached.device).unsqueeze(0)
+        valid = j < new_cached.unsqueeze(1)
+        slots = torch.where(j < cached.unsqueeze(1), j, physical + j - cached.unsqueeze(1))
+        self._gather_cache(incremental_state, torch.where(valid, slots, torch.zeros_like(slots)), valid)
+
+    def _gather_cache(self, incremental_state: IncrementalState, slots: Tensor, valid: Tensor) -> None:
+        """Keep, per row, the cache slots ``slots`` (B, T') in that order; ``valid`` (B, T') marks real ones."""
         for layer in self.layers:
             attn = layer.self_attn
             state = attn.get_incremental_state(incremental_state, "attn_state")
@@ -178,8 +191,8 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
             state["prev_key_padding_mask"] = ~valid
             attn.set_incremental_state(incremental_state, "attn_state", state)
 
-    def truncate_cache(self, incremental_state: IncrementalState, length: int) -> None:
-        """Keep the first ``length`` slots of every sentence (the batch-1 / equal-acceptance rollback)."""
+    def _truncate_cache(self, incremental_state: IncrementalState, length: int) -> None:
+        """Keep the first ``length`` slots of every row."""
         for layer in self.layers:
             attn = layer.self_attn
             state = attn.get_incremental_state(incremental_state, "attn_state")
