@@ -59,6 +59,28 @@ def run_prepare(args, argv):
     )
 
 
+def add_prepare_lm_parser(subparsers):
+    p = subparsers.add_parser(
+        "prepare-lm",
+        help="raw text -> character tokens -> fairseq-preprocess binaries for --task language_modeling",
+        description="One token per character (spaces as a visible symbol), one sample line per text line with "
+        "fairseq's EOS standing for the newline. See prepare_lm in fairseq_plugins/common/prepared.py.",
+    )
+    p.add_argument("train", help="training text file")
+    p.add_argument("valid", help="validation text file")
+    p.add_argument("out_dir", help="output directory (built aside, renamed into place when complete)")
+    p.add_argument("--test", default=None, help="test text file (optional)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.set_defaults(run=run_prepare_lm)
+
+
+def run_prepare_lm(args, argv):
+    from .common.prepared import prepare_lm
+
+    prepare_lm(args.train, args.valid, args.out_dir, test=args.test, overwrite=args.overwrite,
+               command=["fairseq-plugins"] + argv)
+
+
 def add_detok_parser(subparsers):
     p = subparsers.add_parser(
         "detok", help="tokens (or fairseq-generate output) -> text, with a prepared directory's tokenizer",
@@ -99,7 +121,7 @@ def add_bench_parser(subparsers):
     add(subparsers)
 
 
-SUBCOMMANDS = [add_prepare_parser, add_detok_parser, add_bench_parser, add_user_dir_parser]
+SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_user_dir_parser]
 
 
 def main(argv=None):

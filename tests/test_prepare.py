@@ -26,22 +26,21 @@ def leftovers(parent):
     return [name for name in os.listdir(parent) if name.startswith(".")]
 
 
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=VISIBLE_SPACE), max_size=60)
-       .filter(lambda s: all(not c.isspace() or c == " " for c in s)))
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=VISIBLE_SPACE + "\n"),
+               max_size=60))
 @settings(max_examples=300, deadline=None)
 def test_char_tokenizer_round_trips_any_text(text):
     tokenizer = CharTokenizer()
     encoded = tokenizer.encode(text)
     assert tokenizer.decode(encoded) == text
     assert len(encoded.split(" ")) == len(text) or text == ""  # one token per character
+    assert all(token and not any(c.isspace() for c in token) for token in encoded.split(" ") if text)
 
 
-def test_char_tokenizer_refuses_what_it_cannot_restore():
+def test_char_tokenizer_refuses_the_visible_space_symbol_in_text():
     tokenizer = CharTokenizer()
     with pytest.raises(InputError, match=r"f\.txt:3: .*visible space"):
         tokenizer.check(f"a{VISIBLE_SPACE}b", "f.txt:3")
-    with pytest.raises(InputError, match=r"f\.txt:4: column 2 .*'\\t'"):
-        tokenizer.check("a\tb", "f.txt:4")
 
 
 def test_sentencepiece_prepare_writes_the_documented_layout(tiny_raw, tmp_path):

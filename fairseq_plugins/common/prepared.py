@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from .textio import InputError, read_parallel, write_lines
+from .textio import InputError, read_lines, read_parallel, write_lines
 from .tokenization import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 
 logger = logging.getLogger(__name__)
@@ -221,3 +221,59 @@ def detokenize_stream(data: PreparedData, lang: str, lines, from_generate: bool 
     for line in lines:
         line = line.rstrip("\n")
         out.write((line if keep_pieces else tokenizer.decode(line)) + "\n")
+
+
+def prepare_lm(
+    train: str, valid: str, out_dir: str, test: Optional[str] = None, overwrite: bool = False,
+    command: Optional[List[str]] = None,
+) -> Dict:
+    """Character language-model data: each line's characters, then end-of-line as fairseq's EOS.
+
+    Layout: OUT/prepare.json (kind "lm"), OUT/tok/<split>.txt, OUT/bin (fairseq-preprocess --only-source),
+    the data directory of ``--task language_modeling``; blank lines stay (one EOS), so a model is scored on
+    every character of the text, newlines included.
+    """
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise InputError(f"{out_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+    sources = {"train": train, "valid": valid, **({"test": test} if test else {})}
+    char = CharTokenizer()
+    encoded = {}
+    for split, path in sources.items():
+        lines = read_lines(path, allow_empty_lines=True)
+        for number, line in enumerate(lines, start=1):
+            char.check(line, f"{path}:{number}")
+        encoded[split] = [char.encode(line) for line in lines]
+
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    build_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out_dir))}.")
+    try:
+        from fairseq import options
+        from fairseq_cli import preprocess
+
+        tok = os.path.join(build_dir, "tok")
+        for split, lines in encoded.items():
+            write_lines(os.path.join(tok, f"{split}.txt"), lines)
+        argv = ["--only-source", "--trainpref", os.path.join(tok, "train.txt"),
+                "--validpref", os.path.join(tok, "valid.txt"), "--destdir", os.path.join(build_dir, "bin")]
+        if test:
+            argv += ["--testpref", os.path.join(tok, "test.txt")]
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        manifest = {
+            "version": MANIFEST_VERSION,
+            "kind": "lm",
+            "tokenizer": {"text": char.spec()},
+            "splits": {split: {"lines": len(lines), "characters": sum(len(l.split()) for l in lines),
+                               "from": os.path.abspath(sources[split])} for split, lines in encoded.items()},
+            "command": command or [],
+        }
+        with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, ensure_ascii=False)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(build_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    logger.info("prepared character LM data %s -> %s", ", ".join(sources.values()), out_dir)
+    return manifest

@@ -11,12 +11,16 @@ from typing import Dict, List, Optional
 from .textio import InputError
 
 VISIBLE_SPACE = "\u2581"  # "▁", the symbol SentencePiece also uses for a word boundary
-# fairseq splits lines on any whitespace, so characters other than " " would silently vanish.
-_OTHER_WHITESPACE = re.compile(r"[^\S ]")
+# fairseq splits lines on any whitespace, so whitespace other than " " becomes an escape token.
+_ESCAPED = re.compile(r"^<U\+([0-9A-F]{4,6})>$")
 
 
 class CharTokenizer:
-    """One token per character; a space becomes the visible symbol, so decoding restores the text exactly."""
+    """One token per character; a space becomes the visible symbol, so decoding restores the text exactly.
+
+    Other whitespace (no-break space, tab, ...) would vanish in fairseq's whitespace split, so it becomes a
+    token such as ``<U+00A0>``; text can never yield one of those itself (its characters are separate tokens).
+    """
 
     kind = "char"
 
@@ -26,18 +30,23 @@ class CharTokenizer:
     def check(self, line: str, where: str) -> None:
         if self.space_symbol in line:
             raise InputError(f"{where}: contains the visible space symbol {self.space_symbol!r} itself")
-        match = _OTHER_WHITESPACE.search(line)
-        if match:
-            raise InputError(
-                f"{where}: column {match.start() + 1} holds whitespace {match.group()!r} other than a space, "
-                "which fairseq's tokenizer would drop"
-            )
 
     def encode(self, line: str) -> str:
-        return " ".join(self.space_symbol if ch == " " else ch for ch in line)
+        return " ".join(self._encode_char(ch) for ch in line)
+
+    def _encode_char(self, ch: str) -> str:
+        if ch == " ":
+            return self.space_symbol
+        return f"<U+{ord(ch):04X}>" if ch.isspace() else ch
 
     def decode(self, tokens: str) -> str:
-        return "".join(tokens.split(" ")).replace(self.space_symbol, " ")
+        return "".join(self._decode_token(token) for token in tokens.split(" "))
+
+    def _decode_token(self, token: str) -> str:
+        if token == self.space_symbol:
+            return " "
+        escaped = _ESCAPED.match(token)
+        return chr(int(escaped.group(1), 16)) if escaped else token
 
     def spec(self) -> Dict:
         return {"kind": self.kind, "space_symbol": self.space_symbol}

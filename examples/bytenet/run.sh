@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# ByteNet (Kalchbrenner et al. 2016) on real data, against stock fairseq transformers of the same size
+# trained for the same wall-clock time (the two run side by side, one thread each).
+#
+#   prepare  : character-level Multi30k en->de (fairseq-plugins prepare --char) and Tiny Shakespeare
+#              (fairseq-plugins prepare-lm)
+#   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
+#   train-lm : bytenet_lm_shakespeare and a transformer_lm with as many parameters, LM_MINUTES each
+#   evaluate : BLEU on test_2016_flickr (beam 12, no length normalisation: --lenpen 0, the paper's setting),
+#              bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
+#   bench    : decoding time against output length (cached vs recomputed), and fairseq-plugins bench
+#              (cached generator vs --bytenet-decoding recompute) on test_2016_flickr
+#   saliency : the paper's Fig. 6 for one test pair
+#
+# Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
+#   env: STAGES ("prepare train-mt train-lm evaluate bench saliency"), MT_MINUTES (35), LM_MINUTES (20),
+#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results)
+set -euo pipefail
+MULTI30K=${1:-../shared/data/multi30k}
+SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
+WORK=${3:-work/bytenet}
+STAGES=${STAGES:-prepare train-mt train-lm evaluate bench saliency}
+MT_MINUTES=${MT_MINUTES:-35}
+LM_MINUTES=${LM_MINUTES:-20}
+BEAM=${BEAM:-12}
+DEVICE=${DEVICE:-cpu}
+THREADS=${THREADS:-1}
+BENCH_LIMIT=${BENCH_LIMIT:-200}
+RESULTS=${RESULTS:-docs/results}
+USER_DIR=$(fairseq-plugins user-dir)
+COMMANDS=$WORK/commands.txt
+mkdir -p "$WORK"
+# shellcheck source=examples/common.sh
+source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+hours() { python -c "print($1 / 60)"; }
+CPU_FLAG=$([[ $DEVICE == cpu ]] && echo --cpu || true)
+
+if stage prepare; then
+  [[ -f $WORK/mt-data/prepare.json ]] || record fairseq-plugins prepare --char "$MULTI30K" "$WORK/mt-data" -s en -t de
+  [[ -f $WORK/lm-data/prepare.json ]] || record fairseq-plugins prepare-lm \
+    "$SHAKESPEARE/train.txt" "$SHAKESPEARE/valid.txt" "$WORK/lm-data"
+fi
+
+# Both systems of a pair get the same optimiser, schedule, dropout and wall-clock budget.
+COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 1.0
+  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 --dropout 0.1 --seed 1 --num-workers 0
+  --log-format simple --log-interval 50 --no-epoch-checkpoints)
+MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang en --target-lang de
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096
+  --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
+# A transformer with the ByteNet's parameter count (5.95M vs 6.00M): 3+3 layers, d 256, FFN 1152.
+MT_TRANSFORMER=(--arch transformer --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
+  --decoder-embed-dim 256 --encoder-ffn-embed-dim 1152 --decoder-ffn-embed-dim 1152
+  --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings)
+LM_TRAIN=("$WORK/lm-data/bin" --task language_modeling --tokens-per-sample 256 --sample-break-mode none
+  --criterion cross_entropy --max-tokens 8192 --stop-time-hours "$(hours "$LM_MINUTES")" --max-epoch 100)
+# transformer_lm with the ByteNet LM's parameter count (4.66M vs 4.68M): 5 layers, d 256, FFN 1184.
+LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1184
+  --decoder-attention-heads 4 --share-decoder-input-output-embed)
+
+train_pair() {  # name-a, name-b: the two "$WORK/<name>" runs started together, waited for together
+  local pids=()
+  for name in "$1" "$2"; do
+    mkdir -p "$WORK/$name"
+    eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
+    OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" --save-dir "$WORK/$name/checkpoints" \
+      > "$WORK/$name/train.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+}
+bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char)
+transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}")
+bytenet_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_lm_shakespeare)
+transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]}")
+if stage train-mt; then train_pair bytenet-mt transformer-mt; fi
+if stage train-lm; then train_pair bytenet-lm transformer-lm; fi

@@ -1,0 +1,159 @@
+"""ByteNet's building blocks: dilated 1-D convolutions (masked or not) and the paper's two residual blocks.
+
+Tensors are (batch, time, channels) throughout; convolutions transpose around ``F.conv1d``. A masked
+(causal) convolution of kernel k and dilation r reads the frames t - (k-1)r, ..., t - r, t. In
+incremental decoding it keeps exactly the (k-1)r most recent input frames in fairseq's
+``incremental_state``, so a new token costs one k-tap product per layer whatever the length so far.
+Layer normalisation is over channels only (per time step), so no statistic ever sees the future.
+"""
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import FairseqDropout
+from torch import Tensor, nn
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+@with_incremental_state
+class DilatedConv1d(nn.Module):
+    """A k-tap convolution with dilation r: centred ("same" length) when unmasked, causal when masked."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int, masked: bool):
+        super().__init__()
+        if not masked and kernel_size % 2 == 0:
+            raise ValueError(f"an unmasked (source) convolution needs an odd kernel size, got {kernel_size}")
+        self.kernel_size, self.dilation, self.masked = kernel_size, dilation, masked
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation)
+
+    @property
+    def history(self) -> int:
+        """Past frames a masked convolution reads besides the current one."""
+        return (self.kernel_size - 1) * self.dilation
+
+    def forward(self, x: Tensor, incremental_state: Optional[IncrementalState] = None) -> Tensor:
+        if incremental_state is not None:
+            return self._step(x, incremental_state)
+        span = self.history
+        padding = (span, 0) if self.masked else (span // 2, span // 2)
+        return self.conv(F.pad(x.transpose(1, 2), padding)).transpose(1, 2)
+
+    def _step(self, x: Tensor, incremental_state: IncrementalState) -> Tensor:
+        """New frames x (batch, n, C) after the cached ones; returns their outputs."""
+        assert self.masked, "only a masked convolution decodes incrementally"
+        saved = self.get_incremental_state(incremental_state, "frames")
+        past = saved["past"] if saved is not None else x.new_zeros(x.size(0), self.history, x.size(2))
+        frames = torch.cat([past, x], dim=1)
+        if self.history:
+            self.set_incremental_state(incremental_state, "frames", {"past": frames[:, -self.history:]})
+        # Valid (unpadded) convolution over history + n frames gives exactly the n new outputs.
+        return self.conv(frames.transpose(1, 2)).transpose(1, 2)
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        saved = self.get_incremental_state(incremental_state, "frames")
+        if saved is not None:
+            self.set_incremental_state(incremental_state, "frames", {"past": saved["past"].index_select(0, new_order)})
+        return incremental_state
+
+
+class ReLUBlock(nn.Module):
+    """Fig. 3 (left): LN, ReLU, 1x1 (C -> h), LN, ReLU, dilated 1xk (h -> h), LN, ReLU, 1x1 (h -> C), residual."""
+
+    convolutions_per_block = 1
+
+    def __init__(self, channels, hidden, kernel_size, dilation, masked, dropout):
+        super().__init__()
+        self.norm_in, self.norm_mid, self.norm_out = nn.LayerNorm(channels), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.reduce = nn.Linear(channels, hidden)  # a 1x1 convolution
+        self.conv = DilatedConv1d(hidden, hidden, kernel_size, dilation, masked)
+        self.expand = nn.Linear(hidden, channels)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x, keep: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None):
+        h = self.reduce(F.relu(self.norm_in(x)))
+        h = _zero_outside(F.relu(self.norm_mid(h)), keep)
+        h = self.conv(h, incremental_state)
+        h = self.expand(F.relu(self.norm_out(h)))
+        return x + self.dropout(h)
+
+
+class MultiplicativeUnit(nn.Module):
+    """MU(h) = g1 * tanh(g2 * h + g3 * u), gates g = sigmoid(conv h), u = tanh(conv h): four dilated 1xk convs."""
+
+    def __init__(self, channels, kernel_size, dilation, masked):
+        super().__init__()
+        self.conv = DilatedConv1d(channels, 4 * channels, kernel_size, dilation, masked)
+
+    def forward(self, h, incremental_state=None):
+        g1, g2, g3, u = self.conv(h, incremental_state).chunk(4, dim=-1)
+        return torch.sigmoid(g1) * torch.tanh(torch.sigmoid(g2) * h + torch.sigmoid(g3) * torch.tanh(u))
+
+
+class MultiplicativeBlock(nn.Module):
+    """Fig. 3 (right): LN, 1x1 (C -> h), LN, MU, LN, MU, LN, 1x1 (h -> C), residual."""
+
+    convolutions_per_block = 2
+
+    def __init__(self, channels, hidden, kernel_size, dilation, masked, dropout):
+        super().__init__()
+        self.norm_in = nn.LayerNorm(channels)
+        self.reduce = nn.Linear(channels, hidden)
+        self.norm_mu1, self.norm_mu2, self.norm_out = nn.LayerNorm(hidden), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.mu1 = MultiplicativeUnit(hidden, kernel_size, dilation, masked)
+        self.mu2 = MultiplicativeUnit(hidden, kernel_size, dilation, masked)
+        self.expand = nn.Linear(hidden, channels)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x, keep: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None):
+        h = self.reduce(self.norm_in(x))
+        h = self.mu1(_zero_outside(self.norm_mu1(h), keep), incremental_state)
+        h = self.mu2(_zero_outside(self.norm_mu2(h), keep), incremental_state)
+        h = self.expand(self.norm_out(h))
+        return x + self.dropout(h)
+
+
+BLOCK_TYPES = {"relu": ReLUBlock, "multiplicative": MultiplicativeBlock}
+
+
+def _zero_outside(h: Tensor, keep: Optional[Tensor]) -> Tensor:
+    """Zero the frames past each sequence's end, so a convolution sees exactly what it would unbatched."""
+    return h if keep is None else h * keep.unsqueeze(-1).type_as(h)
+
+
+def parse_dilations(text: str, flag: str) -> List[int]:
+    try:
+        dilations = [int(value) for value in str(text).split(",") if value.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8,16") from None
+    if not dilations or min(dilations) < 1:
+        raise ValueError(f"{flag} {text!r}: expected one or more positive integers")
+    return dilations
+
+
+class DilatedStack(nn.Module):
+    """``blocks`` residual blocks whose dilations cycle through ``dilations`` (the paper's sets of five)."""
+
+    def __init__(self, channels, hidden, blocks, dilations, kernel_size, block_type, masked, dropout):
+        super().__init__()
+        if block_type not in BLOCK_TYPES:
+            raise ValueError(f"block type {block_type!r}: expected one of {sorted(BLOCK_TYPES)}")
+        block_class = BLOCK_TYPES[block_type]
+        self.block_dilations = [dilations[i % len(dilations)] for i in range(blocks)]
+        self.kernel_size = kernel_size
+        self.convolutions_per_block = block_class.convolutions_per_block
+        self.blocks = nn.ModuleList(
+            block_class(channels, hidden, kernel_size, dilation, masked, dropout) for dilation in self.block_dilations
+        )
+        self.final_norm = nn.LayerNorm(channels)
+
+    def receptive_field(self) -> int:
+        """Input frames one output frame depends on, itself included (all past ones when masked, centred if not)."""
+        return 1 + (self.kernel_size - 1) * self.convolutions_per_block * sum(self.block_dilations)
+
+    def forward(self, x, keep=None, incremental_state=None):
+        for block in self.blocks:
+            x = block(x, keep, incremental_state)
+        return self.final_norm(x)

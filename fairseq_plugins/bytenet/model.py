@@ -1,0 +1,319 @@
+"""ByteNet (Kalchbrenner et al. 2016): a dilated CNN encoder with a masked dilated CNN decoder stacked on it.
+
+``bytenet`` (translation): the source network runs over the source dynamically unfolded to
+|t̂| = a|s| + b frames (|s| counts the source's end-of-sentence token, as fairseq's source lengths do);
+the target network's input at step t is [target embedding ; source representation at t], a zero source
+frame from |t̂| on, so decoding may run past |t̂| until EOS. ``bytenet_lm`` is the target network alone.
+Both decode incrementally at O(layers) per token (layers.DilatedConv1d keeps each layer's past frames in
+``incremental_state``), so the stock SequenceGenerator, fairseq-generate and fairseq-eval-lm run them.
+"""
+
+import logging
+from typing import Dict, List, Optional
+
+import torch
+from fairseq import utils
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    FairseqLanguageModel,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.modules import FairseqDropout
+from torch import Tensor, nn
+
+from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, parse_dilations
+
+logger = logging.getLogger(__name__)
+
+EncoderOut = Dict[str, List[Tensor]]
+
+
+def unfolded_length(source_length: Tensor, a: float, b: float) -> Tensor:
+    """|t̂| = floor(a|s| + b), at least 1 (the 1e-6 keeps e.g. 1.2 * 5 = 5.999... from flooring to 5)."""
+    return torch.floor(source_length.double() * a + b + 1e-6).long().clamp(min=1)
+
+
+def _add_stack_args(parser, side: str):
+    parser.add_argument(f"--{side}-embed-dim", type=int, metavar="N", help=f"{side} token embedding size")
+    parser.add_argument(f"--{side}-hidden-dim", type=int, metavar="N",
+                        help=f"{side} residual blocks' inner width (d of the paper's Fig. 3: 2d -> d -> 2d)")
+    parser.add_argument(f"--{side}-blocks", type=int, metavar="N", help=f"{side} residual blocks")
+    parser.add_argument(f"--{side}-dilations", type=str, metavar="R,R,...",
+                        help=f"{side} dilation rates, cycled over the blocks (the paper: 1,2,4,8,16)")
+    parser.add_argument(f"--{side}-block-type", choices=sorted(BLOCK_TYPES),
+                        help=f"{side} residual block: relu (Fig. 3 left) or multiplicative (Fig. 3 right)")
+
+
+def _add_shared_args(parser):
+    parser.add_argument("--kernel-size", type=int, metavar="K", help="taps of every dilated convolution")
+    parser.add_argument("--output-hidden-dim", type=int, metavar="N",
+                        help="width of the output layers (1x1 convolution + ReLU, then 1x1 to the vocabulary)")
+    parser.add_argument("--dropout", type=float, metavar="P", help="dropout on embeddings and block outputs")
+
+
+class ByteNetEncoder(FairseqEncoder):
+    """The source network: embedding, then unmasked dilated residual blocks over the unfolded source."""
+
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.embed_tokens = embed_tokens
+        self.dropout = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        self.stack = DilatedStack(
+            args.encoder_embed_dim, args.encoder_hidden_dim, args.encoder_blocks,
+            parse_dilations(args.encoder_dilations, "--encoder-dilations"), args.kernel_size,
+            args.encoder_block_type, masked=False, dropout=args.dropout,
+        )
+        self.unfold_a, self.unfold_b = args.unfold_a, args.unfold_b
+        self.max_source_positions = args.max_source_positions
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **kwargs) -> EncoderOut:
+        # Source frame t feeds target step t, so sentences must start at frame 0: fairseq left-pads sources.
+        tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
+        lengths = tokens.ne(self.padding_idx).sum(dim=1)
+        unfolded = unfolded_length(lengths, self.unfold_a, self.unfold_b)
+        frames = int(torch.maximum(lengths, unfolded).max())
+        if frames > tokens.size(1):
+            tokens = nn.functional.pad(tokens, (0, frames - tokens.size(1)), value=self.padding_idx)
+        positions = torch.arange(frames, device=tokens.device).unsqueeze(0)
+        in_source = positions < lengths.unsqueeze(1)
+        active = positions < torch.maximum(lengths, unfolded).unsqueeze(1)
+        # Unfolded frames past the source start from zero input and are filled in by the convolutions.
+        x = self.dropout(self.embed_tokens(tokens) * in_source.unsqueeze(-1).type_as(self.embed_tokens.weight))
+        x = self.stack(x, keep=active)
+        x = x * (positions < unfolded.unsqueeze(1)).unsqueeze(-1).type_as(x)
+        return {"encoder_out": [x], "unfolded_lengths": [unfolded], "src_lengths": [lengths]}
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        return {key: [value.index_select(0, new_order) for value in values] for key, values in encoder_out.items()}
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class ByteNetDecoder(FairseqIncrementalDecoder):
+    """The target network: masked dilated residual blocks, then 1x1 + ReLU, 1x1 to the vocabulary.
+
+    ``source_channels`` > 0 stacks it on an encoder (input [embedding ; source frame t]); 0 makes a
+    language model.
+    """
+
+    def __init__(self, args, dictionary, embed_tokens, source_channels: int = 0):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        self.source_channels = source_channels
+        channels = args.decoder_embed_dim + source_channels
+        self.dropout = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        self.stack = DilatedStack(
+            channels, args.decoder_hidden_dim, args.decoder_blocks,
+            parse_dilations(args.decoder_dilations, "--decoder-dilations"), args.kernel_size,
+            args.decoder_block_type, masked=True, dropout=args.dropout,
+        )
+        self.output_hidden = nn.Linear(channels, args.output_hidden_dim)
+        self.output_projection = nn.Linear(args.output_hidden_dim, len(dictionary))
+        self.max_target_positions = args.max_target_positions
+
+    def receptive_field(self) -> int:
+        return self.stack.receptive_field()
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[EncoderOut] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        features_only: bool = False,
+        **kwargs,
+    ):
+        x = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, {"attn": [None]}
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        start = 0
+        if incremental_state is not None:
+            saved = self.get_incremental_state(incremental_state, "steps")
+            start = int(saved["count"].item()) if saved is not None else 0
+            self.set_incremental_state(
+                incremental_state, "steps", {"count": torch.tensor(prev_output_tokens.size(1))}
+            )
+        tokens = prev_output_tokens[:, start:]
+        x = self.embed_tokens(tokens)
+        if self.source_channels:
+            if encoder_out is None:
+                raise ValueError("a ByteNet translation decoder needs the encoder's output")
+            x = torch.cat([x, self._source_frames(encoder_out["encoder_out"][0], start, tokens.size(1))], dim=-1)
+        return self.stack(self.dropout(x), incremental_state=incremental_state)
+
+    @staticmethod
+    def _source_frames(source: Tensor, start: int, count: int) -> Tensor:
+        """Source frames start .. start+count-1; zero beyond the unfolded length (already zero inside it)."""
+        frames = source[:, start:start + count]
+        if frames.size(1) < count:
+            frames = nn.functional.pad(frames, (0, 0, 0, count - frames.size(1)))
+        return frames
+
+    def output_layer(self, features, **kwargs):
+        return self.output_projection(torch.relu(self.output_hidden(features)))
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        return incremental_state  # the step count is the same for every hypothesis; layers reorder their frames
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+@register_model("bytenet")
+class ByteNetModel(FairseqEncoderDecoderModel):
+    """ByteNet for translation (presets: bytenet, bytenet_multi30k_char, bytenet_tiny)."""
+
+    @staticmethod
+    def add_args(parser):
+        _add_stack_args(parser, "encoder")
+        _add_stack_args(parser, "decoder")
+        _add_shared_args(parser)
+        parser.add_argument("--unfold-a", type=float, metavar="A",
+                            help="dynamic unfolding |t̂| = a|s| + b: the source is unfolded to this many frames")
+        parser.add_argument("--unfold-b", type=float, metavar="B", help="b of the dynamic unfolding")
+        parser.add_argument("--share-all-embeddings", action="store_true",
+                            help="one embedding for source and target (needs a joined dictionary and equal sizes)")
+        parser.add_argument("--max-source-positions", type=int, metavar="N",
+                            help="longest source accepted (convolutions have no length limit; this bounds memory)")
+        parser.add_argument("--max-target-positions", type=int, metavar="N", help="longest target accepted")
+
+    @classmethod
+    def build_model(cls, args, task):
+        bytenet(args)  # fill what a preset left unset
+        _check_args(args)
+        if args.unfold_a <= 0:
+            raise ValueError(f"--unfold-a {args.unfold_a}: expected a positive number")
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        encoder_embed = nn.Embedding(len(src_dict), args.encoder_embed_dim, src_dict.pad())
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
+            if args.encoder_embed_dim != args.decoder_embed_dim:
+                raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+            decoder_embed = encoder_embed
+        else:
+            decoder_embed = nn.Embedding(len(tgt_dict), args.decoder_embed_dim, tgt_dict.pad())
+        _warn_if_unfolding_changed(args)
+        encoder = ByteNetEncoder(args, src_dict, encoder_embed)
+        decoder = ByteNetDecoder(args, tgt_dict, decoder_embed, source_channels=args.encoder_embed_dim)
+        return cls(encoder, decoder)
+
+
+@register_model("bytenet_lm")
+class ByteNetLanguageModel(FairseqLanguageModel):
+    """The ByteNet target network as a language model (presets: bytenet_lm, bytenet_lm_shakespeare, bytenet_lm_tiny)."""
+
+    @staticmethod
+    def add_args(parser):
+        _add_stack_args(parser, "decoder")
+        _add_shared_args(parser)
+        parser.add_argument("--max-target-positions", type=int, metavar="N", help="longest sequence accepted")
+
+    @classmethod
+    def build_model(cls, args, task):
+        bytenet_lm(args)
+        _check_args(args, sides=("decoder",))
+        dictionary = task.target_dictionary
+        embed = nn.Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
+        return cls(ByteNetDecoder(args, dictionary, embed))
+
+
+def _check_args(args, sides=("encoder", "decoder")):
+    """Clear errors for flag values a convolution would otherwise reject with a shape error."""
+    if args.kernel_size < 1:
+        raise ValueError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
+    if "encoder" in sides and args.kernel_size % 2 == 0:
+        raise ValueError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
+    for side in sides:
+        for name in ("embed_dim", "hidden_dim", "blocks"):
+            if getattr(args, f"{side}_{name}") < 1:
+                raise ValueError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
+        parse_dilations(getattr(args, f"{side}_dilations"), f"--{side}-dilations")
+
+
+def _warn_if_unfolding_changed(args):
+    """The unfolding a checkpoint was trained with is kept; a --model-overrides change is allowed but said."""
+    if getattr(args, "bytenet_trained_unfold", None) is None:
+        args.bytenet_trained_unfold = [args.unfold_a, args.unfold_b]
+    trained = tuple(args.bytenet_trained_unfold)
+    if trained != (args.unfold_a, args.unfold_b):
+        logger.warning(
+            "decoding with --unfold-a %s --unfold-b %s, but this model was trained with %s and %s: the target "
+            "network will see source frames at other steps than in training", args.unfold_a, args.unfold_b, *trained,
+        )
+
+
+def _stack_defaults(args, side, embed, hidden, blocks, dilations="1,2,4,8,16", block_type="relu"):
+    setattr(args, f"{side}_embed_dim", getattr(args, f"{side}_embed_dim", None) or embed)
+    setattr(args, f"{side}_hidden_dim", getattr(args, f"{side}_hidden_dim", None) or hidden)
+    setattr(args, f"{side}_blocks", getattr(args, f"{side}_blocks", None) or blocks)
+    setattr(args, f"{side}_dilations", getattr(args, f"{side}_dilations", None) or dilations)
+    setattr(args, f"{side}_block_type", getattr(args, f"{side}_block_type", None) or block_type)
+
+
+def _shared_defaults(args, kernel_size=3, output_hidden=None, dropout=0.0, max_positions=4096):
+    args.kernel_size = getattr(args, "kernel_size", None) or kernel_size
+    args.output_hidden_dim = getattr(args, "output_hidden_dim", None) or output_hidden or args.decoder_hidden_dim
+    args.dropout = getattr(args, "dropout", None) if getattr(args, "dropout", None) is not None else dropout
+    args.max_target_positions = getattr(args, "max_target_positions", None) or max_positions
+
+
+def _translation_defaults(args, d, blocks=30, dropout=0.0):
+    """The paper's layout for hidden size d: source stream d (blocks d -> d/2 -> d), target stream
+    [embedding d ; source d] = 2d (blocks 2d -> d -> 2d, Fig. 3), output layers d wide."""
+    _stack_defaults(args, "encoder", d, d // 2, blocks)
+    _stack_defaults(args, "decoder", d, d, blocks)
+    _shared_defaults(args, output_hidden=d, dropout=dropout)
+    args.unfold_a = getattr(args, "unfold_a", None) if getattr(args, "unfold_a", None) is not None else 1.2
+    args.unfold_b = getattr(args, "unfold_b", None) if getattr(args, "unfold_b", None) is not None else 0.0
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", False)
+    args.max_source_positions = getattr(args, "max_source_positions", None) or 4096
+
+
+@register_model_architecture("bytenet", "bytenet")
+def bytenet(args):
+    """The paper's translation model: 30 + 30 ReLU blocks in sets of five (dilations 1-16), k = 3, d = 800."""
+    _translation_defaults(args, d=800)
+
+
+@register_model_architecture("bytenet", "bytenet_multi30k_char")
+def bytenet_multi30k_char(args):
+    """Character-level Multi30k on two CPU cores: 10 + 10 blocks, d = 256 (~9M parameters)."""
+    _translation_defaults(args, d=256, blocks=10, dropout=0.1)
+
+
+@register_model_architecture("bytenet", "bytenet_tiny")
+def bytenet_tiny(args):
+    """For tests: 5 + 5 blocks, d = 32."""
+    _translation_defaults(args, d=32, blocks=5)
+
+
+def _lm_defaults(args, d, blocks, block_type, dropout=0.0):
+    """The target network alone: stream 2d (embedding 2d), blocks 2d -> d -> 2d, output layers d wide."""
+    _stack_defaults(args, "decoder", 2 * d, d, blocks, block_type=block_type)
+    _shared_defaults(args, output_hidden=d, dropout=dropout)
+
+
+@register_model_architecture("bytenet_lm", "bytenet_lm")
+def bytenet_lm(args):
+    """The paper's character LM: 30 residual multiplicative blocks in sets of five (dilations 1-16), k = 3, d = 512."""
+    _lm_defaults(args, d=512, blocks=30, block_type="multiplicative")
+
+
+@register_model_architecture("bytenet_lm", "bytenet_lm_shakespeare")
+def bytenet_lm_shakespeare(args):
+    """Tiny Shakespeare on two CPU cores: 10 multiplicative blocks, d = 128."""
+    _lm_defaults(args, d=128, blocks=10, block_type="multiplicative", dropout=0.1)
+
+
+@register_model_architecture("bytenet_lm", "bytenet_lm_tiny")
+def bytenet_lm_tiny(args):
+    """For tests: 5 multiplicative blocks, d = 16."""
+    _lm_defaults(args, d=16, blocks=5, block_type="multiplicative")
