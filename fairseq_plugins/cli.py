@@ -121,7 +121,14 @@ def add_bench_parser(subparsers):
     add(subparsers)
 
 
-SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_user_dir_parser]
+def add_saliency_parser(subparsers):
+    from .bytenet.saliency import add_saliency_parser as add
+
+    add(subparsers)
+
+
+SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_saliency_parser,
+               add_user_dir_parser]
 
 
 def main(argv=None):

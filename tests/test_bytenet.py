@@ -290,3 +290,42 @@ def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(tmp_path):
                "--max-tokens", "2048", "--gen-subset", "valid", "--cpu")
     loss = float(proc.stderr.split("Loss (base 2): ")[1].split(",")[0])
     assert 0 < loss < 2.0  # bits per character, well below uniform over the dictionary (log2 8 = 3)
+
+
+def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):
+    import json
+
+    png, out = str(tmp_path / "fig6.png"), str(tmp_path / "fig6.json")
+    plugins_cli("saliency", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
+                "--source", "abc def gh", "--target", "abc def gh", "--output", png, "--json", out)
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(out) as f:
+        result = json.load(f)
+    assert result["columns"] == ["abc", "def", "gh"] and result["rows"] == ["abc", "def", "gh"] * 2
+    matrix = torch.tensor(result["matrix"])
+    assert torch.allclose(matrix.sum(0), torch.ones(3), atol=1e-6)  # normalised per column
+    source_block = matrix[: result["source_rows"]]
+    assert source_block.argmax(0).tolist() == [0, 1, 2]  # copying: each output word leans on its own source word
+    # the generated target is used when none is given, and bad input is a clear error
+    plugins_cli("saliency", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
+                "--source", "abc", "--output", str(tmp_path / "greedy.png"))
+    proc = plugins_cli("saliency", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
+                       "--source", " ", "--output", str(tmp_path / "empty.png"), check=False)
+    assert proc.returncode == 2 and "--source: empty sentence" in proc.stderr
+    assert not os.path.exists(tmp_path / "empty.png")
+
+
+def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_model, tmp_path):
+    import json
+
+    result_path = tmp_path / "length.json"
+    plugins_cli("bench", "--method", "bytenet", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
+                "--threads", 1, "--runs", 1, "--warmup", 0, "--beam", 1, "--limit", 4, "--latency-limit", 0,
+                "--min-len", 30, "--max-len-a", 0, "--max-len-b", 30, "--bytenet-decoding", "recompute",
+                "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["generator"]["min_len"] == 30
+    assert result["generator"]["task_flags"]["bytenet_decoding"] == "recompute"
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0
+    assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)

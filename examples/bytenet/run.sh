@@ -8,18 +8,21 @@
 #   train-lm : bytenet_lm_shakespeare and a transformer_lm with as many parameters, LM_MINUTES each
 #   evaluate : BLEU on test_2016_flickr (beam 12, no length normalisation: --lenpen 0, the paper's setting),
 #              bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
-#   bench    : decoding time against output length (cached vs recomputed), and fairseq-plugins bench
-#              (cached generator vs --bytenet-decoding recompute) on test_2016_flickr
-#   saliency : the paper's Fig. 6 for one test pair
+#   bench    : decoding time against output length, cached (stock generator) vs recomputed
+#              (--bytenet-decoding recompute), docs/results/bytenet_length.json; both MT systems' speed with the
+#              stock generator on test_2016_flickr, docs/results/bytenet_speed.json
+#   saliency : the paper's Fig. 6 for the first test pair, docs/results/bytenet_saliency.{png,json}
+#   summary  : docs/results/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
 # Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
-#   env: STAGES ("prepare train-mt train-lm evaluate bench saliency"), MT_MINUTES (35), LM_MINUTES (20),
-#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results)
+#   env: STAGES ("prepare train-mt train-lm evaluate bench saliency summary"), MT_MINUTES (35), LM_MINUTES (20),
+#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
+#        LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (2)
 set -euo pipefail
 MULTI30K=${1:-../shared/data/multi30k}
 SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
 WORK=${3:-work/bytenet}
-STAGES=${STAGES:-prepare train-mt train-lm evaluate bench saliency}
+STAGES=${STAGES:-prepare train-mt train-lm evaluate bench saliency summary}
 MT_MINUTES=${MT_MINUTES:-35}
 LM_MINUTES=${LM_MINUTES:-20}
 BEAM=${BEAM:-12}
@@ -75,3 +78,57 @@ bytenet_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_lm_shakes
 transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]}")
 if stage train-mt; then train_pair bytenet-mt transformer-mt; fi
 if stage train-lm; then train_pair bytenet-lm transformer-lm; fi
+
+MT_SYSTEMS="bytenet-mt transformer-mt"
+LM_SYSTEMS="bytenet-lm transformer-lm"
+if stage evaluate; then
+  for name in $MT_SYSTEMS; do
+    for beam in $BEAM 1; do
+      out=$WORK/$name/test.beam$beam
+      # --lenpen 0: no length normalisation (the paper's setting), for both systems alike.
+      OMP_NUM_THREADS=2 record fairseq-generate "$WORK/mt-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
+        --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset test --beam "$beam" --lenpen 0 \
+        --max-len-a 1.5 --max-len-b 10 --batch-size 32 > "$out.out"
+      fairseq-plugins detok "$WORK/mt-data" --from-generate --input "$out.out" > "$out.txt"
+    done
+  done
+  for name in $LM_SYSTEMS; do
+    OMP_NUM_THREADS=2 record fairseq-eval-lm "$WORK/lm-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
+      --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset valid --tokens-per-sample 256 \
+      --context-window 192 --max-tokens 8192 > "$WORK/$name/eval-lm.log" 2>&1
+  done
+fi
+
+if stage bench; then
+  # Decoding time against output length: every output is forced to exactly L characters (--min-len L,
+  # --max-len-a 0 --max-len-b L), greedy, one sentence at a time, one thread. "stock" is fairseq's
+  # SequenceGenerator with the layer cache; the method side recomputes the whole prefix at every step
+  # (--bytenet-decoding recompute) up to RECOMPUTE_MAX characters, where it is quadratic and slow.
+  LENGTH_JSON=$RESULTS/bytenet_length.json
+  rm -f "$LENGTH_JSON"
+  for length in ${LENGTHS:-100 200 400 800}; do
+    decoding=$([[ $length -le ${RECOMPUTE_MAX:-400} ]] && echo recompute || echo cached)
+    record fairseq-plugins bench --method bytenet --path "$WORK/bytenet-mt/checkpoints/checkpoint_best.pt" \
+      --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam 1 \
+      --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-2}" --warmup 1 --latency-limit 0 \
+      --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
+      --label "length $length, $decoding vs cached" --provenance "$COMMANDS" --json "$LENGTH_JSON" --append
+  done
+  # Both MT systems on the test set with the stock generator (beam BEAM, one sentence at a time).
+  for name in $MT_SYSTEMS; do
+    record fairseq-plugins bench --method baseline --path "$WORK/$name/checkpoints/checkpoint_best.pt" \
+      --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 \
+      --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs 1 --label "$name beam $BEAM" \
+      --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json" --append
+  done
+fi
+
+if stage saliency; then
+  record fairseq-plugins saliency --path "$WORK/bytenet-mt/checkpoints/checkpoint_best.pt" --data "$WORK/mt-data" \
+    --source "$(head -n 1 "$MULTI30K/test_2016_flickr.en")" --target "$(head -n 1 "$MULTI30K/test_2016_flickr.de")" \
+    --output "$RESULTS/bytenet_saliency.png" --json "$RESULTS/bytenet_saliency.json"
+fi
+
+if stage summary; then
+  record python "$(dirname "$0")/summarize.py" "$WORK" "$MULTI30K" "$RESULTS/bytenet.json"
+fi

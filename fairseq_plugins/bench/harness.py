@@ -190,6 +190,7 @@ def _generator_description(generator, beam: int, cfg, task_flags: Dict) -> Dict:
         "lenpen": cfg.generation.lenpen,
         "max_len_a": cfg.generation.max_len_a,
         "max_len_b": cfg.generation.max_len_b,
+        "min_len": cfg.generation.min_len,
         "task": cfg.task._name,
         **({"task_flags": task_flags} if task_flags else {}),
     }

@@ -49,8 +49,23 @@ class DilatedConv1d(nn.Module):
         frames = torch.cat([past, x], dim=1)
         if self.history:
             self.set_incremental_state(incremental_state, "frames", {"past": frames[:, -self.history:]})
+        if x.size(1) == 1:
+            # One new frame: its k taps times the kernel as one matrix product (a dilated conv1d call on
+            # a single output costs far more on CPU).
+            taps = frames[:, :: self.dilation].reshape(x.size(0), 1, -1)
+            return F.linear(taps, self._flat_weight(), self.conv.bias)
         # Valid (unpadded) convolution over history + n frames gives exactly the n new outputs.
         return self.conv(frames.transpose(1, 2)).transpose(1, 2)
+
+    def _flat_weight(self) -> Tensor:
+        """The kernel as (out, k * in), tap-major like the gathered taps; cached until the weight changes."""
+        weight = self.conv.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        if getattr(self, "_flat_key", None) != key:
+            self._flat = weight.detach().permute(0, 2, 1).reshape(weight.size(0), -1)
+            self._flat_key = key
+        return self._flat if not weight.requires_grad or not torch.is_grad_enabled() else \
+            weight.permute(0, 2, 1).reshape(weight.size(0), -1)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, "frames")

@@ -1,0 +1,136 @@
+"""Collect examples/bytenet/run.sh's measurements into one JSON (and the time-against-length figure).
+
+Usage: python examples/bytenet/summarize.py WORK MULTI30K_DIR OUT.json
+Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpoint_best.pt},
+WORK/commands.txt and the bench JSON docs/results/bytenet_length.json beside OUT.json.
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+
+import sacrebleu
+import torch
+
+from fairseq_plugins.bench import report
+from fairseq_plugins.common.textio import atomic_output, read_lines
+
+
+def parameters(checkpoint: str) -> int:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    # fairseq keeps a few non-parameter entries (version counters, sinusoid buffers) in the state dict
+    return sum(t.numel() for k, t in state.items() if t.is_floating_point() and not k.endswith("_float_tensor"))
+
+
+def training(log_path: str) -> dict:
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    updates = re.findall(r"num_updates=(\d+)", text)
+    valid = re.findall(r"\| valid on 'valid' subset \| .*?loss ([\d.]+).*?\| num_updates (\d+)", text)
+    walls = re.findall(r"\| train \| epoch (\d+) \|.*?wall (\d+)", text)
+    return {
+        "updates": int(updates[-1]) if updates else 0,
+        "epochs_completed": int(walls[-1][0]) if walls else 0,
+        "wall_seconds": int(walls[-1][1]) if walls else None,
+        "valid_loss_base2_by_epoch": [float(loss) for loss, _ in valid],
+    }
+
+
+def bleu(hypotheses: str, references: list) -> float:
+    return round(sacrebleu.corpus_bleu(read_lines(hypotheses, allow_empty_lines=True), [references]).score, 2)
+
+
+def bits_per_character(log_path: str) -> float:
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        match = re.search(r"Loss \(base 2\): ([\d.]+)", f.read())
+    if not match:
+        raise SystemExit(f"{log_path}: no 'Loss (base 2)' line (did fairseq-eval-lm finish?)")
+    return float(match.group(1))
+
+
+def length_scaling(bench_json: str) -> dict:
+    if not os.path.isfile(bench_json):
+        return {}
+    rows = {}
+    for result in report.load_results(bench_json):
+        length = result["generator"]["min_len"]
+        decoding = result["generator"].get("task_flags", {}).get("bytenet_decoding", "cached")
+        rows[length] = {
+            "output_characters": length,
+            "cached_seconds_per_sentence": 1 / result["baseline"]["sentences_per_s"],
+            "cached_ms_per_character": 1000 / result["baseline"]["sentences_per_s"] / length,
+        }
+        if decoding == "recompute":
+            rows[length]["recompute_seconds_per_sentence"] = 1 / result["sentences_per_s"]
+            rows[length]["cached_speedup"] = result["baseline"]["sentences_per_s"] and \
+                result["baseline"]["sentences_per_s"] / result["sentences_per_s"]
+    summary = {"by_length": [rows[k] for k in sorted(rows)], "device": result["device"], "threads": result["threads"]}
+    if 200 in rows and 800 in rows:
+        summary["time_800_over_200"] = rows[800]["cached_seconds_per_sentence"] / rows[200]["cached_seconds_per_sentence"]
+    return summary
+
+
+def plot_length(summary: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["by_length"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot([r["output_characters"] for r in rows], [r["cached_seconds_per_sentence"] for r in rows], "o-",
+            label="cached (incremental_state)")
+    recomputed = [r for r in rows if "recompute_seconds_per_sentence" in r]
+    ax.plot([r["output_characters"] for r in recomputed], [r["recompute_seconds_per_sentence"] for r in recomputed],
+            "s--", label="recomputed every step")
+    ax.set_xlabel("output length (characters)")
+    ax.set_ylabel("seconds per sentence")
+    ax.set_title(f"ByteNet decoding time, {summary['device']}, {summary['threads']} thread(s)", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_output(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+    plt.close(fig)
+
+
+def main(work: str, multi30k: str, out: str) -> None:
+    references = read_lines(os.path.join(multi30k, "test_2016_flickr.de"))
+    result = {"translation": {}, "language_model": {}}
+    for name in ("bytenet-mt", "transformer-mt"):
+        system = {"parameters": parameters(f"{work}/{name}/checkpoints/checkpoint_best.pt"),
+                  "training": training(f"{work}/{name}/train.log")}
+        for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
+            beam = re.search(r"beam(\d+)", path).group(1)
+            system[f"bleu_beam{beam}_lenpen0"] = bleu(path, references)
+        result["translation"][name] = system
+    for name in ("bytenet-lm", "transformer-lm"):
+        result["language_model"][name] = {
+            "parameters": parameters(f"{work}/{name}/checkpoints/checkpoint_best.pt"),
+            "training": training(f"{work}/{name}/train.log"),
+            "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
+        }
+    results_dir = os.path.dirname(out) or "."
+    result["length_scaling"] = length_scaling(os.path.join(results_dir, "bytenet_length.json"))
+    if result["length_scaling"]:
+        plot_length(result["length_scaling"], os.path.join(results_dir, "bytenet_length.png"))
+    result.update({
+        "bleu": "sacreBLEU on test_2016_flickr (detokenised characters, default signature)",
+        "bits_per_character": "fairseq-eval-lm loss (base 2) on Tiny Shakespeare valid: one token per character, "
+                              "newlines included; --tokens-per-sample 256 --context-window 192",
+        "commands": read_lines(os.path.join(work, "commands.txt")),
+        "device": report.device_name(torch.device("cpu")),
+        "git_commit": report.git_commit(),
+        "versions": report.versions(),
+    })
+    with atomic_output(out) as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(json.dumps({k: result[k] for k in ("translation", "language_model")}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        raise SystemExit(__doc__)
+    main(*sys.argv[1:])
