@@ -329,3 +329,14 @@ def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_
     assert result["generator"]["task_flags"]["bytenet_decoding"] == "recompute"
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_incremental_decoding_on_cuda_matches_the_cpu_full_forward_pass():
+    model = build("bytenet_multi30k_char", narrow=True)
+    source, lengths, target = _random_batch(model.decoder.dictionary, batch=3, source_len=9, target_len=30)
+    with torch.no_grad():
+        reference = _decode_full(model, source, lengths, target)
+        model.cuda()
+        incremental, _ = _decode_incremental(model, source.cuda(), lengths.cuda(), target.cuda())
+    assert torch.allclose(incremental.cpu(), reference, atol=1e-5, rtol=0)

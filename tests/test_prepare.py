@@ -128,3 +128,22 @@ def test_detok_keep_pieces_writes_generate_hypotheses_in_corpus_order(tiny_raw, 
     pieces = plugins_cli("detok", out, "--from-generate", "--keep-pieces", "--input", generated).stdout
     assert pieces == f"a\nb {VISIBLE_SPACE} c\n"
     assert plugins_cli("detok", out, "--from-generate", "--input", generated).stdout == "a\nb c\n"
+
+
+def test_prepare_lm_keeps_blank_lines_and_escapes_other_whitespace(tmp_path):
+    from fairseq_plugins.common.prepared import prepare_lm
+
+    (tmp_path / "train.txt").write_text("First Citizen:\n\nBefore we\u00a0proceed\n")
+    (tmp_path / "valid.txt").write_text("All:\nSpeak.\n")
+    out = str(tmp_path / "lm")
+    manifest = prepare_lm(str(tmp_path / "train.txt"), str(tmp_path / "valid.txt"), out)
+    assert manifest["kind"] == "lm" and manifest["splits"]["train"]["lines"] == 3
+    for name in ("bin/dict.txt", "bin/train.bin", "bin/valid.idx", "tok/train.txt"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    with open(os.path.join(out, "tok/train.txt")) as f:
+        lines = f.read().split("\n")
+    assert lines[1] == "" and "<U+00A0>" in lines[2].split(" ")  # blank line kept; no-break space escaped
+    assert CharTokenizer().decode(lines[2]) == "Before we\u00a0proceed"
+    with pytest.raises(InputError, match="missing.txt: no such file"):
+        prepare_lm(str(tmp_path / "missing.txt"), str(tmp_path / "valid.txt"), str(tmp_path / "other"))
+    assert not os.path.exists(tmp_path / "other") and leftovers(tmp_path) == []

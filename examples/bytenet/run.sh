@@ -6,8 +6,9 @@
 #              (fairseq-plugins prepare-lm)
 #   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
 #   train-lm : bytenet_lm_shakespeare and a transformer_lm with as many parameters, LM_MINUTES each
-#   evaluate : BLEU on test_2016_flickr (beam 12, no length normalisation: --lenpen 0, the paper's setting),
-#              bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
+#   evaluate-mt: BLEU on test_2016_flickr, beam 12 and greedy, no length normalisation (--lenpen 0, the
+#              paper's setting) for both systems
+#   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
 #              (--bytenet-decoding recompute), docs/results/bytenet_length.json; both MT systems' speed with the
 #              stock generator on test_2016_flickr, docs/results/bytenet_speed.json
@@ -15,19 +16,20 @@
 #   summary  : docs/results/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
 # Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
-#   env: STAGES ("prepare train-mt train-lm evaluate bench saliency summary"), MT_MINUTES (35), LM_MINUTES (20),
+#   env: STAGES ("prepare train-mt train-lm evaluate-mt evaluate-lm bench saliency summary"), MT_MINUTES (35), LM_MINUTES (20),
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
-#        LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (2)
+#        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (2)
 set -euo pipefail
 MULTI30K=${1:-../shared/data/multi30k}
 SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
 WORK=${3:-work/bytenet}
-STAGES=${STAGES:-prepare train-mt train-lm evaluate bench saliency summary}
+STAGES=${STAGES:-prepare train-mt train-lm evaluate-mt evaluate-lm bench saliency summary}
 MT_MINUTES=${MT_MINUTES:-35}
 LM_MINUTES=${LM_MINUTES:-20}
 BEAM=${BEAM:-12}
 DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-1}
+EVAL_THREADS=${EVAL_THREADS:-2}
 BENCH_LIMIT=${BENCH_LIMIT:-200}
 RESULTS=${RESULTS:-docs/results}
 USER_DIR=$(fairseq-plugins user-dir)
@@ -46,17 +48,17 @@ fi
 
 # Both systems of a pair get the same optimiser, schedule, dropout and wall-clock budget.
 COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 1.0
-  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 --dropout 0.1 --seed 1 --num-workers 0
+  --lr 1e-3 --lr-scheduler inverse_sqrt --dropout 0.1 --seed 1 --num-workers 0
   --log-format simple --log-interval 50 --no-epoch-checkpoints)
 MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang en --target-lang de
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --warmup-updates 1000
   --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
 # A transformer with the ByteNet's parameter count (5.95M vs 6.00M): 3+3 layers, d 256, FFN 1152.
 MT_TRANSFORMER=(--arch transformer --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
   --decoder-embed-dim 256 --encoder-ffn-embed-dim 1152 --decoder-ffn-embed-dim 1152
   --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings)
 LM_TRAIN=("$WORK/lm-data/bin" --task language_modeling --tokens-per-sample 256 --sample-break-mode none
-  --criterion cross_entropy --max-tokens 8192 --stop-time-hours "$(hours "$LM_MINUTES")" --max-epoch 100)
+  --criterion cross_entropy --max-tokens 8192 --warmup-updates 100 --stop-time-hours "$(hours "$LM_MINUTES")" --max-epoch 100)
 # transformer_lm with the ByteNet LM's parameter count (4.66M vs 4.68M): 5 layers, d 256, FFN 1184.
 LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1184
   --decoder-attention-heads 4 --share-decoder-input-output-embed)
@@ -81,19 +83,21 @@ if stage train-lm; then train_pair bytenet-lm transformer-lm; fi
 
 MT_SYSTEMS="bytenet-mt transformer-mt"
 LM_SYSTEMS="bytenet-lm transformer-lm"
-if stage evaluate; then
+if stage evaluate-mt; then
   for name in $MT_SYSTEMS; do
     for beam in $BEAM 1; do
       out=$WORK/$name/test.beam$beam
       # --lenpen 0: no length normalisation (the paper's setting), for both systems alike.
-      OMP_NUM_THREADS=2 record fairseq-generate "$WORK/mt-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
+      OMP_NUM_THREADS=$EVAL_THREADS record fairseq-generate "$WORK/mt-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
         --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset test --beam "$beam" --lenpen 0 \
         --max-len-a 1.5 --max-len-b 10 --batch-size 32 > "$out.out"
       fairseq-plugins detok "$WORK/mt-data" --from-generate --input "$out.out" > "$out.txt"
     done
   done
+fi
+if stage evaluate-lm; then
   for name in $LM_SYSTEMS; do
-    OMP_NUM_THREADS=2 record fairseq-eval-lm "$WORK/lm-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
+    OMP_NUM_THREADS=$EVAL_THREADS record fairseq-eval-lm "$WORK/lm-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
       --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset valid --tokens-per-sample 256 \
       --context-window 192 --max-tokens 8192 > "$WORK/$name/eval-lm.log" 2>&1
   done

@@ -96,7 +96,7 @@ bench --method baseline --path "$BASELINE_CKPT" --beam 5
 bench --method baseline --path "$BASELINE_CKPT" --beam 1
 
 # ---- every landed method ----------------------------------------------------------------------------------
-export WORK USER_DIR BASELINE_CKPT BASELINE_ARCH BENCH_JSON BENCH_LIMIT SYNTHETIC
+export WORK RAW USER_DIR BASELINE_CKPT BASELINE_ARCH BENCH_JSON BENCH_LIMIT SYNTHETIC
 export -f bench say
 shopt -s nullglob
 for method_demo in examples/*/demo.sh; do

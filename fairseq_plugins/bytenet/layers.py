@@ -60,12 +60,13 @@ class DilatedConv1d(nn.Module):
     def _flat_weight(self) -> Tensor:
         """The kernel as (out, k * in), tap-major like the gathered taps; cached until the weight changes."""
         weight = self.conv.weight
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return weight.permute(0, 2, 1).reshape(weight.size(0), -1)  # differentiable, never cached
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if getattr(self, "_flat_key", None) != key:
             self._flat = weight.detach().permute(0, 2, 1).reshape(weight.size(0), -1)
             self._flat_key = key
-        return self._flat if not weight.requires_grad or not torch.is_grad_enabled() else \
-            weight.permute(0, 2, 1).reshape(weight.size(0), -1)
+        return self._flat
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, "frames")
