@@ -162,6 +162,12 @@ class ByteNetDecoder(FairseqIncrementalDecoder):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         return incremental_state  # the step count is the same for every hypothesis; layers reorder their frames
 
+    def reorder_incremental_state_scripting(self, incremental_state: IncrementalState, new_order: Tensor):
+        # Only the masked convolutions hold state: visit them directly instead of walking every submodule
+        # (fairseq's default), which beam search does at every step.
+        for convolution in self.stack.convolutions():
+            convolution.reorder_incremental_state(incremental_state, new_order)
+
     def max_positions(self):
         return self.max_target_positions
 
