@@ -20,21 +20,23 @@ from fairseq_plugins.common.textio import atomic_output, read_lines
 
 def parameters(checkpoint: str) -> int:
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
-    # fairseq keeps a few non-parameter entries (version counters, sinusoid buffers) in the state dict
-    return sum(t.numel() for k, t in state.items() if t.is_floating_point() and not k.endswith("_float_tensor"))
+    # Tied weights (shared embeddings) appear under several names but are one tensor; fairseq also keeps
+    # a few non-parameter entries (version counters, sinusoid buffers) in the state dict.
+    tensors = {t.data_ptr(): t for k, t in state.items() if t.is_floating_point() and not k.endswith("_float_tensor")}
+    return sum(t.numel() for t in tensors.values())
 
 
 def training(log_path: str) -> dict:
+    """Updates, validations and wall-clock time from a fairseq-train log (--log-format simple)."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    updates = re.findall(r"num_updates=(\d+)", text)
-    valid = re.findall(r"\| valid on 'valid' subset \| .*?loss ([\d.]+).*?\| num_updates (\d+)", text)
-    walls = re.findall(r"\| train \| epoch (\d+) \|.*?wall (\d+)", text)
+    valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
+    done = re.search(r"done training in ([\d.]+) seconds", text)
     return {
-        "updates": int(updates[-1]) if updates else 0,
-        "epochs_completed": int(walls[-1][0]) if walls else 0,
-        "wall_seconds": int(walls[-1][1]) if walls else None,
-        "valid_loss_base2_by_epoch": [float(loss) for loss, _ in valid],
+        "updates": int(valid[-1][1]) if valid else 0,
+        "validations": len(valid),
+        "wall_seconds": float(done.group(1)) if done else None,
+        "valid_loss_base2": [float(loss) for loss, _ in valid],
     }
 
 

@@ -107,7 +107,7 @@ def plot(result: Dict, output: str) -> None:
     ax.axhline(result["source_rows"] - 0.5, color="tab:red", linewidth=1)
     ax.set_xlabel("target word (output)")
     ax.set_ylabel("source words (above the line), target words (below)")
-    ax.set_title("ByteNet saliency: gradient magnitude per word, normalised per column")
+    ax.set_title("ByteNet saliency (per word, normalised per column)", fontsize=9)
     fig.tight_layout()
     with atomic_output(output, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
