@@ -144,6 +144,10 @@ def test_prepare_lm_keeps_blank_lines_and_escapes_other_whitespace(tmp_path):
         lines = f.read().split("\n")
     assert lines[1] == "" and "<U+00A0>" in lines[2].split(" ")  # blank line kept; no-break space escaped
     assert CharTokenizer().decode(lines[2]) == "Before we\u00a0proceed"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
+    assert os.stat(os.path.join(out, "prepare.json")).st_mode & 0o777 == 0o666 & ~umask
     with pytest.raises(InputError, match="missing.txt: no such file"):
         prepare_lm(str(tmp_path / "missing.txt"), str(tmp_path / "valid.txt"), str(tmp_path / "other"))
     assert not os.path.exists(tmp_path / "other") and leftovers(tmp_path) == []

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from .textio import InputError, read_lines, read_parallel, write_lines
+from .textio import InputError, give_default_mode, read_lines, read_parallel, write_lines
 from .tokenization import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 
 logger = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ def prepare(
         }
         with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, ensure_ascii=False)
+        give_default_mode(build_dir)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.replace(build_dir, out_dir)
@@ -269,6 +270,7 @@ def prepare_lm(
         }
         with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, ensure_ascii=False)
+        give_default_mode(build_dir)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.replace(build_dir, out_dir)

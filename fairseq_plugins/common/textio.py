@@ -46,11 +46,19 @@ def atomic_output(path: str, mode: str = "w", encoding: str = "utf-8") -> Iterat
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
+        give_default_mode(temp_path)
         os.replace(temp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_path)
         raise
+
+
+def give_default_mode(path: str) -> None:
+    """mkstemp/mkdtemp create 0600/0700; give a finished output the mode a plain open/mkdir would have."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:
