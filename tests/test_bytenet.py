@@ -84,7 +84,7 @@ def _decode_incremental(model, source, lengths, target, reorder_at=None, new_ord
 @pytest.mark.parametrize("preset", TRANSLATION_PRESETS + LM_PRESETS)
 def test_incremental_decoding_equals_the_full_forward_pass_under_beam_reordering(preset):
     narrow = preset in ("bytenet", "bytenet_lm", "bytenet_multi30k_char")
-    model = build(preset, narrow=narrow)
+    model = build(preset, narrow=narrow).float()  # the precision decoding runs in
     dictionary = model.decoder.dictionary
     source, lengths, target = _random_batch(dictionary, batch=4, source_len=9, target_len=40)
     new_order = torch.tensor([2, 0, 0, 3])  # a non-identity beam permutation, with a duplicated hypothesis
