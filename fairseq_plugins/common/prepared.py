@@ -9,13 +9,14 @@ Layout written by ``fairseq-plugins prepare`` (the directory is built aside and 
     OUT/bin/                   fairseq-preprocess output: the data directory for fairseq-train/-generate
 """
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .textio import InputError, give_default_mode, read_lines, read_parallel, write_lines
 from .tokenization import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
@@ -51,6 +52,29 @@ def find_split_prefixes(raw_dir: str, source_lang: str, target_lang: str, stems:
     return prefixes
 
 
+def _check_output_dir(out_dir: str, overwrite: bool) -> None:
+    """Refuse to replace a non-empty directory unless asked (checked before any slow work)."""
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise InputError(f"{out_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+
+
+@contextlib.contextmanager
+def _build_aside(out_dir: str) -> Iterator[str]:
+    """A hidden directory beside ``out_dir``, renamed into its place only if the block succeeds."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    build_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out_dir))}.")
+    try:
+        yield build_dir
+        give_default_mode(build_dir)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(build_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+
+
 def prepare(
     raw_dir: str,
     out_dir: str,
@@ -69,8 +93,7 @@ def prepare(
     """Tokenise and binarise a parallel corpus; returns the manifest. See the module docstring for layout."""
     if source_lang == target_lang:
         raise InputError(f"--source-lang and --target-lang are both {source_lang!r}")
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise InputError(f"{out_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+    _check_output_dir(out_dir, overwrite)
     prefixes = find_split_prefixes(raw_dir, source_lang, target_lang, split_stems or {})
     langs = (source_lang, target_lang)
     texts = {}
@@ -80,10 +103,7 @@ def prepare(
             source, target = source[:train_limit], target[:train_limit]
         texts[split] = {source_lang: source, target_lang: target}
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    build_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out_dir))}.")
-    try:
+    with _build_aside(out_dir) as build_dir:
         for split in FAIRSEQ_SPLITS:
             for lang in langs:
                 write_lines(os.path.join(build_dir, "raw", f"{split}.{lang}"), texts[split][lang])
@@ -124,13 +144,6 @@ def prepare(
         }
         with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, ensure_ascii=False)
-        give_default_mode(build_dir)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(build_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
     logger.info("prepared %s -> %s", raw_dir, out_dir)
     return manifest
 
@@ -234,8 +247,7 @@ def prepare_lm(
     the data directory of ``--task language_modeling``; blank lines stay (one EOS), so a model is scored on
     every character of the text, newlines included.
     """
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise InputError(f"{out_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+    _check_output_dir(out_dir, overwrite)
     sources = {"train": train, "valid": valid, **({"test": test} if test else {})}
     char = CharTokenizer()
     encoded = {}
@@ -245,10 +257,7 @@ def prepare_lm(
             char.check(line, f"{path}:{number}")
         encoded[split] = [char.encode(line) for line in lines]
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    build_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out_dir))}.")
-    try:
+    with _build_aside(out_dir) as build_dir:
         from fairseq import options
         from fairseq_cli import preprocess
 
@@ -270,12 +279,5 @@ def prepare_lm(
         }
         with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, ensure_ascii=False)
-        give_default_mode(build_dir)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(build_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
     logger.info("prepared character LM data %s -> %s", ", ".join(sources.values()), out_dir)
     return manifest
