@@ -66,8 +66,7 @@ def length_scaling(bench_json: str) -> dict:
         }
         if decoding == "recompute":
             rows[length]["recompute_seconds_per_sentence"] = 1 / result["sentences_per_s"]
-            rows[length]["cached_speedup"] = result["baseline"]["sentences_per_s"] and \
-                result["baseline"]["sentences_per_s"] / result["sentences_per_s"]
+            rows[length]["cached_speedup"] = result["baseline"]["sentences_per_s"] / result["sentences_per_s"]
     summary = {"by_length": [rows[k] for k in sorted(rows)], "device": result["device"], "threads": result["threads"]}
     if 200 in rows and 800 in rows:
         summary["time_800_over_200"] = rows[800]["cached_seconds_per_sentence"] / rows[200]["cached_seconds_per_sentence"]

@@ -164,15 +164,12 @@ class DilatedStack(nn.Module):
             block_class(channels, hidden, kernel_size, dilation, masked, dropout) for dilation in self.block_dilations
         )
         self.final_norm = nn.LayerNorm(channels)
+        # The modules that hold decoding state (a plain list: they are registered under self.blocks).
+        self.convolutions: List[DilatedConv1d] = [m for m in self.blocks.modules() if isinstance(m, DilatedConv1d)]
 
     def receptive_field(self) -> int:
         """Input frames one output frame depends on, itself included (all past ones when masked, centred if not)."""
         return 1 + (self.kernel_size - 1) * self.convolutions_per_block * sum(self.block_dilations)
-
-    def convolutions(self) -> List[DilatedConv1d]:
-        if not hasattr(self, "_convolutions"):  # plain attribute, not a submodule
-            self.__dict__["_convolutions"] = [m for m in self.blocks.modules() if isinstance(m, DilatedConv1d)]
-        return self.__dict__["_convolutions"]
 
     def forward(self, x, keep=None, incremental_state=None):
         for block in self.blocks:

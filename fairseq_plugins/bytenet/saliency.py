@@ -132,11 +132,11 @@ def run_saliency(args, argv):
     model = models[0].float().eval()
     if not isinstance(model, ByteNetModel):
         raise InputError(f"--path {args.path}: a {type(model).__name__}, not a ByteNet translation model")
-    for line, flag in ((args.source, "--source"), (args.target, "--target")):
+    for line, flag, lang in ((args.source, "--source", data.source_lang), (args.target, "--target", data.target_lang)):
         if line is not None:
             if not line.strip():
                 raise InputError(f"{flag}: empty sentence")
-            tokenizers[data.source_lang].check(line, flag)
+            tokenizers[lang].check(line, flag)
 
     def encode(text, dictionary, lang):
         return dictionary.encode_line(tokenizers[lang].encode(text), add_if_not_exist=False).long()
