@@ -179,6 +179,8 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
     ({"encoder_dilations": "1,x"}, r"--encoder-dilations '1,x'"),
     ({"decoder_dilations": "0"}, r"--decoder-dilations '0'"),
     ({"unfold_a": 0.0}, r"--unfold-a 0.0"),
+    ({"encoder_blocks": 0}, r"--encoder-blocks 0: expected >= 1"),
+    ({"kernel_size": 0}, r"--kernel-size 0: expected a positive number"),
 ])
 def test_bad_model_flags_are_clear_errors(flags, message):
     with pytest.raises(ValueError, match=message):

@@ -235,6 +235,8 @@ def _check_args(args, sides=("encoder", "decoder")):
     """Clear errors for flag values a convolution would otherwise reject with a shape error."""
     if args.kernel_size < 1:
         raise ValueError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
+    if args.output_hidden_dim < 1:
+        raise ValueError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
     if "encoder" in sides and args.kernel_size % 2 == 0:
         raise ValueError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
     for side in sides:
@@ -256,19 +258,23 @@ def _warn_if_unfolding_changed(args):
         )
 
 
+def _default(args, name: str, value) -> None:
+    """Set a flag the command line and the preset left unset (an explicit 0 stays, for the checks to see)."""
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
 def _stack_defaults(args, side, embed, hidden, blocks, dilations="1,2,4,8,16", block_type="relu"):
-    setattr(args, f"{side}_embed_dim", getattr(args, f"{side}_embed_dim", None) or embed)
-    setattr(args, f"{side}_hidden_dim", getattr(args, f"{side}_hidden_dim", None) or hidden)
-    setattr(args, f"{side}_blocks", getattr(args, f"{side}_blocks", None) or blocks)
-    setattr(args, f"{side}_dilations", getattr(args, f"{side}_dilations", None) or dilations)
-    setattr(args, f"{side}_block_type", getattr(args, f"{side}_block_type", None) or block_type)
+    for name, value in (("embed_dim", embed), ("hidden_dim", hidden), ("blocks", blocks),
+                        ("dilations", dilations), ("block_type", block_type)):
+        _default(args, f"{side}_{name}", value)
 
 
 def _shared_defaults(args, kernel_size=3, output_hidden=None, dropout=0.0, max_positions=4096):
-    args.kernel_size = getattr(args, "kernel_size", None) or kernel_size
-    args.output_hidden_dim = getattr(args, "output_hidden_dim", None) or output_hidden or args.decoder_hidden_dim
-    args.dropout = getattr(args, "dropout", None) if getattr(args, "dropout", None) is not None else dropout
-    args.max_target_positions = getattr(args, "max_target_positions", None) or max_positions
+    _default(args, "kernel_size", kernel_size)
+    _default(args, "output_hidden_dim", output_hidden or args.decoder_hidden_dim)
+    _default(args, "dropout", dropout)
+    _default(args, "max_target_positions", max_positions)
 
 
 def _translation_defaults(args, d, blocks=30, dropout=0.0):
@@ -277,10 +283,10 @@ def _translation_defaults(args, d, blocks=30, dropout=0.0):
     _stack_defaults(args, "encoder", d, d // 2, blocks)
     _stack_defaults(args, "decoder", d, d, blocks)
     _shared_defaults(args, output_hidden=d, dropout=dropout)
-    args.unfold_a = getattr(args, "unfold_a", None) if getattr(args, "unfold_a", None) is not None else 1.2
-    args.unfold_b = getattr(args, "unfold_b", None) if getattr(args, "unfold_b", None) is not None else 0.0
-    args.share_all_embeddings = getattr(args, "share_all_embeddings", False)
-    args.max_source_positions = getattr(args, "max_source_positions", None) or 4096
+    _default(args, "unfold_a", 1.2)
+    _default(args, "unfold_b", 0.0)
+    _default(args, "share_all_embeddings", False)
+    _default(args, "max_source_positions", 4096)
 
 
 @register_model_architecture("bytenet", "bytenet")
