@@ -127,8 +127,14 @@ def add_saliency_parser(subparsers):
     add(subparsers)
 
 
+def add_ngram_precision_parser(subparsers):
+    from .double_token.ngram import add_ngram_precision_parser as add
+
+    add(subparsers)
+
+
 SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_saliency_parser,
-               add_user_dir_parser]
+               add_ngram_precision_parser, add_user_dir_parser]
 
 
 def main(argv=None):

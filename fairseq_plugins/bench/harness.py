@@ -44,6 +44,9 @@ def add_bench_parser(subparsers):
     )
     p.add_argument("--method", required=True, choices=sorted(bench_methods()), help="method whose generator to measure")
     p.add_argument("--path", required=True, help="model checkpoint (.pt)")
+    p.add_argument("--baseline-path", default=None,
+                   help="checkpoint the stock generator decodes instead of --path, loaded with the same task "
+                        "and dictionaries (e.g. double_token: the single-token L2R system)")
     p.add_argument("--data", required=True, help="prepared data directory (from `fairseq-plugins prepare`)")
     p.add_argument("--split", default="test", help="binarised split to decode (train, valid or test)")
     p.add_argument("--source-file", help="decode this raw source text instead of a split (tokenised as prepared)")
@@ -90,8 +93,9 @@ def _check_bench_args(args) -> None:
             raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
     if args.baseline_beam is not None and args.baseline_beam < 1:
         raise InputError(f"--baseline-beam must be at least 1, got {args.baseline_beam}")
-    if not os.path.isfile(args.path):
-        raise InputError(f"--path {args.path}: no such checkpoint")
+    for flag, path in (("--path", args.path), ("--baseline-path", args.baseline_path)):
+        if path is not None and not os.path.isfile(path):
+            raise InputError(f"{flag} {path}: no such checkpoint")
     if (args.source_file is None) != (args.reference_file is None):
         raise InputError("--source-file and --reference-file go together")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -121,19 +125,26 @@ def _parse_fairseq_args(args, data: PreparedData):
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, fairseq_argv + args.rest))
 
 
-def _load(cfg, args, data: PreparedData, device: torch.device):
-    """Task, models (on ``device``, ready for inference), dataset and raw references."""
-    from fairseq import checkpoint_utils, tasks
+def _load_models(cfg, path: str, task, device: torch.device):
+    from fairseq import checkpoint_utils
 
-    task = tasks.setup_task(cfg.task)
     models, saved_cfg = checkpoint_utils.load_model_ensemble(
-        [args.path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task,
+        [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task,
     )
     for model in models:
         if cfg.common.fp16:
             model.half()
         model.to(device).eval()
         model.prepare_for_inference_(cfg)
+    return models, saved_cfg
+
+
+def _load(cfg, args, data: PreparedData, device: torch.device):
+    """Task, models (on ``device``, ready for inference), dataset and raw references."""
+    from fairseq import tasks
+
+    task = tasks.setup_task(cfg.task)
+    models, saved_cfg = _load_models(cfg, args.path, task, device)
 
     if args.source_file:
         sources, references = read_parallel(args.source_file, args.reference_file)
@@ -256,10 +267,11 @@ def run_bench(args, argv):
     stock_cfg.beam = baseline_beam
     from fairseq.tasks import FairseqTask
 
-    stock_generator = FairseqTask.build_generator(task, models, stock_cfg)  # the stock SequenceGenerator
+    stock_models = _load_models(cfg, args.baseline_path, task, device)[0] if args.baseline_path else models
+    stock_generator = FairseqTask.build_generator(task, stock_models, stock_cfg)  # the stock SequenceGenerator
     decoders = {
         "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch)),
-        "stock": _decoder(lambda batch: stock_generator.generate(models, batch)),
+        "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch)),
     }
 
     ids = list(range(len(dataset) if not args.limit else min(args.limit, len(dataset))))
@@ -327,6 +339,7 @@ def run_bench(args, argv):
         "data": {"dir": os.path.abspath(args.data), "split": None if args.source_file else args.split,
                  "source_file": args.source_file, "reference_file": args.reference_file},
         "checkpoint": os.path.abspath(args.path),
+        "baseline_checkpoint": os.path.abspath(args.baseline_path or args.path),
         "runs": args.runs,
         "warmup_batches": args.warmup,
         "commands": provenance + [report.command_line(argv)],

@@ -13,7 +13,7 @@ k in a single invocation.
 """
 
 import logging
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -24,11 +24,10 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
 
 from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
+from ..common import incremental
+from ..common.incremental import IncrementalState
 
 logger = logging.getLogger(__name__)
-
-IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-
 
 class ProposalHeads(nn.Module):
     """One FFN (d -> k*d_ff -> k*d, ReLU) whose k output slices are added to the decoder state.
@@ -115,10 +114,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
 
     def cached_length(self, incremental_state: IncrementalState) -> int:
         """Number of key/value slots in the self-attention cache (0 before the first call)."""
-        state = self.layers[0].self_attn.get_incremental_state(incremental_state, "attn_state")
-        if state is None or state.get("prev_key") is None:
-            return 0
-        return state["prev_key"].size(2)
+        return incremental.cached_length(self, incremental_state)
 
     def block_features(self, tokens: Tensor, positions: Tensor, encoder_out, incremental_state: IncrementalState
                        ) -> Tensor:
@@ -128,39 +124,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         cache of a batch is ragged; its unused slots are masked by the key padding mask the generator keeps).
         Returns the final decoder states (B, m, d); the new keys and values are appended to the cache.
         """
-        assert not self.cross_self_attention, "blockwise decoding does not support --cross-self-attention"
-        bsz, m = tokens.shape
-        cached = self.cached_length(incremental_state)
-        x = self.embed_scale * self.embed_tokens(tokens)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if self.embed_positions is not None:
-            x = x + self._position_embeddings(positions)
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)  # (m, B, d)
-
-        # New token i sees every cached slot (padding is masked by key_padding_mask) and new tokens <= i.
-        causal = torch.triu(x.new_full((m, m), float("-inf")), 1)
-        self_attn_mask = torch.cat([x.new_zeros(m, cached), causal], dim=1)
-        enc = encoder_out["encoder_out"][0] if encoder_out and len(encoder_out["encoder_out"]) > 0 else None
-        enc_mask = (encoder_out["encoder_padding_mask"][0]
-                    if encoder_out and len(encoder_out["encoder_padding_mask"]) > 0 else None)
-        for layer in self.layers:
-            x, _, _ = layer(x, enc, enc_mask, incremental_state, self_attn_mask=self_attn_mask)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x
-
-    def _position_embeddings(self, positions: Tensor) -> Tensor:
-        # Both positional embedding kinds number an unpadded row 0..n-1 as padding_idx+1..padding_idx+n;
-        # embedding one such row and indexing it works for either without touching their internals.
-        row = positions.new_full((1, int(positions.max()) + 1), self.embed_positions.padding_idx + 1)
-        table = self.embed_positions(row)[0]  # (n, d)
-        return table[positions]
+        return incremental.new_token_features(self, tokens, positions, encoder_out, incremental_state, causal=True)
 
     def rollback_cache(self, incremental_state: IncrementalState, cached: Tensor, accepted: Tensor,
                        physical: int) -> None:

@@ -1,0 +1,228 @@
+"""Generators of the double-token task; both return hypotheses in natural order, in fairseq's format.
+
+``DoubleTokenGenerator`` is the paper's Algorithm 1 for two tokens a step. Each step the decoder scores both
+slots of the next pair for every live hypothesis in one call, then:
+
+  DoubleTopK   the best ``left_candidates`` (default 2W) first-slot extensions over all W live hypotheses,
+               by cumulative score; each is paired with its hypothesis' second-slot tokens, scored by the
+               first-slot score plus the second-slot log-probability, and the best ``pair_candidates``
+               (default 3W) pairs are kept. A first-slot EOD forces a second-slot EOD (the sentence is over).
+  FINALIZE     a pair holding an EOD ends its hypothesis, if it is among the W best candidates (as fairseq
+               finalizes EOS); a sentence is done when it has W finished hypotheses.
+  EXPANDBEAM   the W best candidates without EOD are the next step's live hypotheses.
+
+W = 1 is greedy decoding: the best pair is both slots' argmax. Scores are the model's log-probabilities of
+every decoded token; a hypothesis' score is their sum, divided by (natural length + 1) ** lenpen like
+fairseq's (the +1 is the EOS, whose positional score is that of the EOD(s)).
+
+``RightToLeftSequenceGenerator`` is fairseq's own beam search on a right-to-left model, its hypotheses
+reversed back to natural order.
+"""
+
+import atexit
+import logging
+import math
+from typing import Dict, List
+
+import torch
+from torch import Tensor
+
+from fairseq.sequence_generator import SequenceGenerator
+
+from .folding import unfold_indices
+
+logger = logging.getLogger(__name__)
+
+
+class RightToLeftSequenceGenerator(SequenceGenerator):
+    """fairseq's SequenceGenerator on a model trained on reversed targets; outputs in natural order."""
+
+    def _generate(self, sample, **kwargs):
+        finalized = super()._generate(sample, **kwargs)
+        for hypotheses in finalized:
+            for hypo in hypotheses:
+                tokens = hypo["tokens"]
+                body = torch.arange(tokens.numel() - 1, -1, -1, device=tokens.device)
+                if tokens.numel() and tokens[-1] == self.eos:  # EOS stays last
+                    body = torch.cat([body[1:], body[:1]])
+                hypo["tokens"] = tokens[body]
+                hypo["positional_scores"] = hypo["positional_scores"][body]
+                if hypo.get("attention") is not None and hypo["attention"].numel():
+                    hypo["attention"] = hypo["attention"][:, body]
+        return finalized
+
+
+class DoubleTokenGenerator:
+    def __init__(self, model, tgt_dict, eod: int, token_order: str, beam_size: int = 5, left_candidates: int = 10,
+                 pair_candidates: int = 15, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
+                 normalize_scores: bool = True, len_penalty: float = 1.0, unk_penalty: float = 0.0,
+                 temperature: float = 1.0):
+        assert model.decoder.tokens_per_step == 2, "DoubleTokenGenerator decodes two-token-a-step models"
+        assert beam_size >= 1 and left_candidates >= 1 and pair_candidates >= beam_size
+        self.model = model
+        self.eod, self.token_order = eod, token_order
+        self.beam_size, self.left_candidates, self.pair_candidates = beam_size, left_candidates, pair_candidates
+        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
+        # Inputs of the step that emits natural tokens 2s+1, 2s+2 sit at positions 2s, 2s+1.
+        self.max_positions = model.max_decoder_positions()
+        self.normalize_scores, self.len_penalty = normalize_scores, len_penalty
+        self.unk_penalty, self.temperature = unk_penalty, temperature
+        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
+        self.reset_generation_stats()
+        self._summary_registered = False
+
+    # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
+
+    def reset_generation_stats(self) -> None:
+        self._stats = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
+
+    def generation_stats(self) -> Dict:
+        return dict(self._stats)  # tokens: of the best hypotheses, EOS included
+
+    def _log_summary(self) -> None:
+        s = self.generation_stats()
+        if s["sentences"]:
+            logger.info("double-token (%s, beam %d): %d sentences, %d tokens of best hypotheses, %d decoder "
+                        "invocations in %d batches", self.token_order, self.beam_size, s["sentences"], s["tokens"],
+                        s["decoder_invocations"], s["batches"])
+
+    # --- decoding -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        if prefix_tokens is not None:
+            raise ValueError("double-token decoding does not support --prefix-size")
+        if constraints is not None:
+            raise ValueError("double-token decoding does not support --constraints")
+        if not self._summary_registered:
+            atexit.register(self._log_summary)
+            self._summary_registered = True
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        bsz, src_len = src_tokens.shape[:2]
+        device = src_tokens.device
+        W = self.beam_size
+        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 3)
+        self._stats["batches"] += 1
+
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        encoder_out = self.model.encoder.reorder_encoder_out(
+            encoder_out, torch.arange(bsz, device=device).repeat_interleave(W))
+        incremental_state: Dict[str, Dict[str, Tensor]] = {}
+        start = self.eos if bos_token is None else bos_token
+        # Rows are (live sentence, beam); column 2s, 2s+1 hold the inputs of step s.
+        tokens = torch.full((bsz * W, 2), start, dtype=torch.long, device=device)
+        slot_scores = torch.zeros(bsz * W, 0, device=device)
+        cumulative = torch.zeros(bsz, W, device=device)
+        cumulative[:, 1:] = -math.inf  # at step 0 all beams are the same: expand only the first
+        sentences = torch.arange(bsz, device=device)  # original index of each live sentence
+        finalized: List[List[Dict]] = [[] for _ in range(bsz)]
+
+        step = 0
+        while sentences.numel() > 0:
+            live = sentences.numel()
+            logits, _ = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+            self._stats["decoder_invocations"] += 1
+            lprobs = self._constrained_lprobs(logits, step, max_len).view(live, W, 2, -1)
+            vocab = lprobs.size(-1)
+
+            # DoubleTopK, first slot: the best extensions over all live hypotheses of a sentence.
+            left_total = (cumulative.unsqueeze(-1) + lprobs[:, :, 0]).view(live, W * vocab)
+            left_score, left_index = left_total.topk(min(self.left_candidates, W * vocab), dim=1)
+            left_beam, left_token = left_index // vocab, left_index % vocab
+            # ... second slot: each first-slot candidate with its own hypothesis' second-slot distribution.
+            right = lprobs[:, :, 1].gather(1, left_beam.unsqueeze(-1).expand(-1, -1, vocab))  # (live, L, V)
+            ended = left_token.eq(self.eod)
+            if ended.any():
+                eod_score = right[..., self.eod].clone()
+                right = right.masked_fill(ended.unsqueeze(-1), -math.inf)
+                right[..., self.eod] = torch.where(ended, eod_score, right[..., self.eod])
+            pair_total = (left_score.unsqueeze(-1) + right).view(live, -1)
+            pair_score, pair_index = pair_total.topk(min(self.pair_candidates, pair_total.size(1)), dim=1)
+            candidate, right_token = pair_index // vocab, pair_index % vocab
+            beam = left_beam.gather(1, candidate)
+            left_token = left_token.gather(1, candidate)
+            row = torch.arange(live, device=device).unsqueeze(1) * W + beam  # (live, P) rows of `tokens`
+            pair_slot_scores = torch.stack([
+                lprobs[:, :, 0].reshape(live * W, vocab)[row, left_token],
+                lprobs[:, :, 1].reshape(live * W, vocab)[row, right_token]], dim=-1)  # (live, P, 2)
+
+            # FINALIZE: pairs with an EOD among the W best candidates.
+            has_eod = (left_token.eq(self.eod) | right_token.eq(self.eod)) & (pair_score > -math.inf)
+            finishing = has_eod[:, :W]
+            done = torch.zeros(live, dtype=torch.bool, device=device)
+            for i, j in finishing.nonzero().tolist():
+                sentence = int(sentences[i])
+                if len(finalized[sentence]) < W:
+                    r = int(row[i, j])
+                    folded = torch.cat([tokens[r, 2:], torch.stack([left_token[i, j], right_token[i, j]])])
+                    scores = torch.cat([slot_scores[r], pair_slot_scores[i, j]])
+                    finalized[sentence].append(self._hypothesis(folded, scores))
+            for i in range(live):
+                done[i] = len(finalized[int(sentences[i])]) >= W
+            if 2 * step >= max_len:  # every slot was forced to EOD: nothing can continue
+                done[:] = True
+
+            # EXPANDBEAM: the W best candidates without EOD continue.
+            continuing = pair_score.masked_fill(has_eod, -math.inf)
+            next_score, next_candidate = continuing.topk(W, dim=1)
+            keep = (~done).nonzero().view(-1)
+            if keep.numel() == 0:
+                break
+            next_row = row.gather(1, next_candidate)[keep].view(-1)
+            next_pair = torch.stack([left_token.gather(1, next_candidate), right_token.gather(1, next_candidate)],
+                                    dim=-1)[keep].view(-1, 2)
+            next_pair_scores = pair_slot_scores.gather(1, next_candidate.unsqueeze(-1).expand(-1, -1, 2))[keep]
+            self.model.decoder.reorder_incremental_state_scripting(incremental_state, next_row)
+            if keep.numel() < live:
+                kept_rows = (keep.unsqueeze(1) * W + torch.arange(W, device=device)).view(-1)
+                encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, kept_rows)
+            tokens = torch.cat([tokens[next_row], next_pair], dim=1)
+            slot_scores = torch.cat([slot_scores[next_row], next_pair_scores.view(-1, 2)], dim=1)
+            cumulative = next_score[keep]
+            sentences = sentences[keep]
+            step += 1
+
+        for hypotheses in finalized:
+            hypotheses.sort(key=lambda h: float(h["score"]), reverse=True)
+            self._stats["sentences"] += 1
+            self._stats["tokens"] += hypotheses[0]["tokens"].numel()
+        return finalized
+
+    def _constrained_lprobs(self, logits: Tensor, step: int, max_len: int) -> Tensor:
+        """(rows, 2, V) log-probabilities of step ``step``'s two slots, under fairseq's decoding constraints.
+
+        The slots emit natural tokens 2s+1 and 2s+2: an EOD in the first slot ends the sentence at 2s
+        tokens, in the second at 2s+1, so EOD is forbidden where that would be fewer than --min-len tokens
+        and forced where more would exceed the maximum length. Pad and EOS (the start symbol, never a
+        target with two tokens a step) are never produced; --unkpen applies.
+        """
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        lprobs[lprobs != lprobs] = -math.inf
+        lprobs[..., self.pad] = -math.inf
+        lprobs[..., self.eos] = -math.inf
+        lprobs[..., self.unk] -= self.unk_penalty
+        for slot, length in ((0, 2 * step), (1, 2 * step + 1)):  # natural length if this slot is EOD
+            if length < self.min_len:
+                lprobs[:, slot, self.eod] = -math.inf
+            elif length >= max_len:
+                eod_score = lprobs[:, slot, self.eod].clone()
+                lprobs[:, slot] = -math.inf
+                lprobs[:, slot, self.eod] = eod_score
+        return lprobs
+
+    def _hypothesis(self, folded: Tensor, slot_scores: Tensor) -> Dict:
+        """A finished folded hypothesis (ending with the pair holding its EOD) in fairseq's natural-order form."""
+        kept = unfold_indices(folded.tolist(), self.token_order, 2, self.eod)
+        index = torch.tensor(kept, dtype=torch.long, device=folded.device)
+        tokens = torch.cat([folded[index], folded.new_full((1,), self.eos)])
+        # The EOS position scores every slot not kept: the EOD(s) of the last pair.
+        eos_score = slot_scores.sum() - slot_scores[index].sum()
+        positional_scores = torch.cat([slot_scores[index], eos_score.view(1)])
+        score = positional_scores.sum()
+        if self.normalize_scores:
+            score = score / tokens.numel() ** self.len_penalty
+        return {"tokens": tokens, "score": score, "attention": None, "alignment": None,
+                "positional_scores": positional_scores}

@@ -1,0 +1,102 @@
+"""``double_token_transformer``: a fairseq transformer whose decoder emits one or two tokens per step.
+
+The decoder has learned positional embeddings (the two slots of a step differ only by position) and a
+self-attention mask whose unit is a step (paper Fig. 1b): with two tokens a step, both positions of step s
+see every input of steps <= s, i.e. the two start symbols and the pairs decoded before. In incremental
+decoding a call appends the newest pair to fairseq's ``incremental_state`` and returns both slots' outputs;
+``reorder_incremental_state`` is fairseq's own. With one token a step it is exactly fairseq's transformer.
+
+How many tokens a step, and in which order, is the task's ``--tokens-per-step`` / ``--token-order``; the
+task copies them into the model's arguments, so a checkpoint knows how it was trained.
+"""
+
+import logging
+
+import torch
+from torch import Tensor
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
+
+from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
+from ..common import incremental
+from .folding import check_token_order
+
+logger = logging.getLogger(__name__)
+
+
+class DoubleTokenTransformerDecoder(TransformerDecoder):
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
+        self.tokens_per_step = args.tokens_per_step
+        if self.tokens_per_step > 1 and self.embed_positions is None:
+            raise ValueError("double_token_transformer: --no-token-positional-embeddings leaves the slots of a "
+                             "step indistinguishable; positional embeddings are required")
+        self._step_mask = torch.empty(0)
+
+    def buffered_future_mask(self, tensor: Tensor) -> Tensor:
+        """(T, T) additive mask: position i sees position j iff j's step is not after i's step."""
+        dim = tensor.size(0)
+        if self._step_mask.size(0) < dim or self._step_mask.device != tensor.device:
+            step = torch.arange(dim, device=tensor.device) // self.tokens_per_step
+            self._step_mask = torch.zeros(dim, dim, device=tensor.device).masked_fill(
+                step.unsqueeze(0) > step.unsqueeze(1), float("-inf"))
+        return self._step_mask[:dim, :dim].to(tensor)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        if incremental_state is None or self.tokens_per_step == 1:
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                            full_context_alignment, alignment_layer, alignment_heads)
+        # Incremental, two tokens a step: the newest pair (prev_output_tokens holds every input so far).
+        length = prev_output_tokens.size(1)
+        if length % self.tokens_per_step:
+            raise ValueError(f"double-token incremental decoding feeds whole steps of {self.tokens_per_step} "
+                             f"tokens; got {length} input tokens")
+        positions = torch.arange(length - self.tokens_per_step, length, device=prev_output_tokens.device)
+        new_tokens = prev_output_tokens[:, -self.tokens_per_step:]
+        x = incremental.new_token_features(self, new_tokens, positions.expand_as(new_tokens), encoder_out,
+                                           incremental_state, causal=False)
+        return x, {"attn": [None], "inner_states": [x]}
+
+
+@register_model("double_token_transformer")
+class DoubleTokenTransformerModel(TransformerModel):
+    """A transformer for double-token decoding; train and decode it with ``--task double_token_translation``."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        if getattr(args, "tokens_per_step", None) is None or getattr(args, "token_order", None) is None:
+            raise ValueError("--arch double_token_transformer*: needs --task double_token_translation, which "
+                             "sets --token-order and --tokens-per-step")
+        check_token_order(args.token_order, args.tokens_per_step)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return DoubleTokenTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
+
+
+def _learned_target_positions(args):
+    # The paper's decoder: learned positions, whatever the preset below uses for the encoder.
+    args.decoder_learned_pos = True
+
+
+@register_model_architecture("double_token_transformer", "double_token_transformer")
+def double_token_transformer(args):
+    """Transformer base (fairseq's ``transformer``), decoder with learned positions."""
+    _learned_target_positions(args)
+    base_architecture(args)
+
+
+@register_model_architecture("double_token_transformer", "double_token_transformer_multi30k")
+def double_token_transformer_multi30k(args):
+    """The baseline's sizes (3+3 layers, 256-d, shared embeddings), decoder with learned positions."""
+    _learned_target_positions(args)
+    baseline_transformer_multi30k(args)
+
+
+@register_model_architecture("double_token_transformer", "double_token_transformer_tiny")
+def double_token_transformer_tiny(args):
+    _learned_target_positions(args)
+    baseline_transformer_tiny(args)

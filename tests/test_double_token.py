@@ -1,0 +1,457 @@
+"""Double-token decoding: folding, the step mask, incremental pair decoding, DoubleTopK, the CLI end to end."""
+
+import argparse
+import json
+import math
+import os
+import re
+
+import pytest
+import torch
+from fairseq.data import Dictionary, LanguagePairDataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fairseq_plugins  # noqa: F401  (registers the plugins)
+from conftest import TRAIN_FLAGS, plugins_cli, run
+from fairseq_plugins.double_token.folding import FoldedTargetDataset, fold, unfold, unfold_indices
+from fairseq_plugins.double_token.generator import DoubleTokenGenerator
+from fairseq_plugins.double_token.model import DoubleTokenTransformerModel, double_token_transformer_tiny
+from fairseq_plugins.double_token.ngram import span_precision
+
+EOD = 1000  # never a token of these tests
+SYSTEMS = [("l2r", 1), ("r2l", 1), ("l2r", 2), ("r2l", 2), ("bidir", 2)]
+
+
+# --- folding -------------------------------------------------------------------------------------------------
+
+def check_folded(tokens, folded, order, per_step):
+    assert unfold(folded, order, per_step, EOD) == tokens
+    if per_step == 1:
+        assert len(folded) == len(tokens)
+        return
+    eods = [i for i, t in enumerate(folded) if t == EOD]
+    assert len(folded) % 2 == 0 and len(eods) == (2 if len(tokens) % 2 == 0 else 1)
+    assert all(i >= len(folded) - 2 for i in eods), "EODs only in the last pair"
+
+
+@pytest.mark.parametrize("order, per_step", SYSTEMS)
+def test_fold_unfold_round_trip_for_every_length_up_to_200(order, per_step):
+    for n in range(201):
+        tokens = list(range(10, 10 + n))
+        check_folded(tokens, fold(tokens, order, per_step, EOD), order, per_step)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(4, 60), max_size=120), st.sampled_from(SYSTEMS))
+def test_fold_unfold_round_trip_on_random_sequences(tokens, system):
+    order, per_step = system
+    check_folded(tokens, fold(tokens, order, per_step, EOD), order, per_step)
+
+
+def test_fold_layouts_and_eod_in_either_slot():
+    y = [1, 2, 3, 4, 5]
+    assert fold(y, "bidir", 2, EOD) == [1, 5, 2, 4, 3, EOD]           # odd: middle token, then EOD
+    assert fold(y[:4], "bidir", 2, EOD) == [1, 4, 2, 3, EOD, EOD]      # even: two EODs
+    assert fold(y, "l2r", 2, EOD) == [1, 2, 3, 4, 5, EOD]
+    assert fold(y, "r2l", 2, EOD) == [5, 4, 3, 2, 1, EOD]
+    assert fold(y[:2], "r2l", 2, EOD) == [2, 1, EOD, EOD]
+    assert fold([], "bidir", 2, EOD) == [EOD, EOD] and fold([7], "bidir", 2, EOD) == [7, EOD]
+    assert fold(y, "r2l", 1, EOD) == [5, 4, 3, 2, 1]
+    # Decoded sequences: an EOD in the first slot puts the second slot's real token in the middle.
+    assert unfold([1, 5, 2, 4, EOD, 3], "bidir", 2, EOD) == [1, 2, 3, 4, 5]
+    assert unfold([1, 5, 2, 4, 3, EOD], "bidir", 2, EOD) == [1, 2, 3, 4, 5]
+    assert unfold([1, 5, EOD, EOD, 2, 4], "bidir", 2, EOD) == [1, 5]   # nothing after the first EOD pair
+    assert unfold([1, 5, 2, 4], "bidir", 2, EOD) == [1, 2, 4, 5]       # no EOD (cut at the maximum length)
+    assert unfold([1, 2, EOD, 3], "l2r", 2, EOD) == [1, 2]
+    assert unfold_indices([5, 4, 3, EOD], "r2l", 2, EOD) == [2, 1, 0]
+
+
+def language_pair_dataset(targets, dictionary):
+    sources = [torch.tensor([dictionary.index("w1"), dictionary.eos()]) for _ in targets]
+    targets = [torch.tensor(t + [dictionary.eos()]) for t in targets]
+    return LanguagePairDataset(sources, [2] * len(sources), dictionary, targets, [len(t) for t in targets],
+                               dictionary, shuffle=False)
+
+
+@pytest.mark.parametrize("order, per_step", SYSTEMS)
+def test_dataset_folds_targets_of_length_0_1_and_more_and_keeps_the_natural_one(order, per_step):
+    dictionary = tiny_dictionary()
+    eod, eos, pad = dictionary.add_symbol("<eod>"), dictionary.eos(), dictionary.pad()
+    natural = [[], [10], [10, 11], [10, 11, 12, 13, 14]]
+    dataset = FoldedTargetDataset(language_pair_dataset(natural, dictionary), order, per_step, eos, eod)
+    batch = dataset.collater([dataset[i] for i in range(len(natural))])
+    for row, sid in enumerate(batch["id"].tolist()):
+        expected = fold(natural[sid], order, per_step, eod) + ([eos] if per_step == 1 else [])
+        folded = [t for t in batch["folded_target"][row].tolist() if t != pad]
+        assert folded == expected
+        assert [t for t in batch["target"][row].tolist() if t != pad] == natural[sid] + [eos]
+        prev = [t for t in batch["net_input"]["prev_output_tokens"][row].tolist() if t != pad]
+        assert prev == [eos] * per_step + expected[:-per_step]
+    assert batch["folded_ntokens"] == sum(len(fold(t, order, per_step, eod)) + (per_step == 1) for t in natural)
+
+
+# --- model ---------------------------------------------------------------------------------------------------
+
+def tiny_dictionary(size=30):
+    dictionary = Dictionary()
+    for i in range(size):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+class _Task:
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def random_model(order="bidir", per_step=2, seed=0, std=0.3):
+    """An untrained tiny model with large random weights, so its outputs vary from token to token."""
+    dictionary = tiny_dictionary()
+    eod = dictionary.add_symbol("<eod>")
+    args = argparse.Namespace(token_order=order, tokens_per_step=per_step)
+    double_token_transformer_tiny(args)
+    args.dropout = 0.0
+    torch.manual_seed(seed)
+    model = DoubleTokenTransformerModel.build_model(args, _Task(dictionary))
+    for parameter in model.parameters():
+        torch.nn.init.normal_(parameter, std=std)
+    return model.eval(), dictionary, eod
+
+
+def random_batch(dictionary, bsz=5, src_len=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, src_len + 1, (bsz,), generator=g)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def test_step_mask_lets_both_slots_of_a_step_see_each_other_and_nothing_later():
+    model, _, _ = random_model()
+    mask = model.decoder.buffered_future_mask(torch.zeros(6, 1, 4))
+    allowed = (mask == 0).int().tolist()
+    assert allowed == [[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0],
+                       [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0],
+                       [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    single, _, _ = random_model("l2r", 1)
+    assert torch.equal(single.decoder.buffered_future_mask(torch.zeros(5, 1, 4)),
+                       torch.triu(torch.full((5, 5), float("-inf")), 1))
+
+
+@pytest.mark.parametrize("order, per_step", SYSTEMS)
+def test_incremental_decoding_with_a_reordered_cache_equals_the_full_forward_pass(order, per_step):
+    model, dictionary, _ = random_model(order, per_step)
+    batch = random_batch(dictionary, bsz=2)
+    g = torch.Generator().manual_seed(1)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (4, 8), generator=g)
+    prev[:, :per_step] = dictionary.eos()
+    # Two sentences with two beams each (beams of a sentence share its encoder output, as in beam search).
+    encoder_out = model.encoder.forward_torchscript(batch["net_input"])
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1]))
+    # Mid-sequence the beams are reordered: beam 1 of sentence 0 replaces its beam 0; sentence 1's swap.
+    order_after_first = torch.tensor([1, 1, 3, 2])
+    with torch.no_grad():
+        state = {}
+        steps = []
+        for end in range(per_step, prev.size(1) + 1, per_step):
+            if end == 2 * per_step:
+                model.decoder.reorder_incremental_state_scripting(state, order_after_first)
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order_after_first)
+                prev = prev[order_after_first]
+                steps = [s[order_after_first] for s in steps]
+            logits, _ = model.decoder(prev[:, :end], encoder_out=encoder_out, incremental_state=state)
+            assert logits.shape[1] == per_step
+            steps.append(logits)
+        full, _ = model.decoder(prev, encoder_out=encoder_out)
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
+
+
+def test_future_pairs_never_change_earlier_outputs():
+    model, dictionary, _ = random_model()
+    batch = random_batch(dictionary, bsz=2)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (2, 8), generator=torch.Generator().manual_seed(3))
+    changed = prev.clone()
+    changed[:, 4:] = dictionary.nspecial  # steps 2 and 3 differ
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(batch["net_input"])
+        a, _ = model.decoder(prev, encoder_out=encoder_out)
+        b, _ = model.decoder(changed, encoder_out=encoder_out)
+    assert torch.equal(a[:, :4], b[:, :4]) and not torch.allclose(a[:, 4:], b[:, 4:])
+    # ... and the second slot of a step does see the first (same step, not causal inside the pair).
+    changed = prev.clone()
+    changed[:, 2] = (prev[:, 2] + 1 - dictionary.nspecial) % (len(dictionary) - dictionary.nspecial) + dictionary.nspecial
+    with torch.no_grad():
+        c, _ = model.decoder(changed, encoder_out=encoder_out)
+    assert torch.equal(a[:, :2], c[:, :2]) and not torch.allclose(a[:, 3], c[:, 3])
+
+
+# --- the generator -------------------------------------------------------------------------------------------
+
+def reference_double_topk(model, net_input, dictionary, eod, order, beam, left_width, pair_width, max_len_b,
+                          min_len=1):
+    """Algorithm 1 one sentence at a time, hypothesis by hypothesis, full forward passes, Python lists."""
+    eos, pad = dictionary.eos(), dictionary.pad()
+    max_len = min(max_len_b, model.max_decoder_positions() - 3)
+    encoder_out = model.encoder.forward_torchscript(net_input)
+    live = [([eos, eos], [], 0.0)]  # (inputs, slot scores, cumulative)
+    finished = []
+    step = 0
+    while True:
+        scored = []
+        for inputs, slots, total in live:
+            enc = model.encoder.reorder_encoder_out(encoder_out, torch.zeros(1, dtype=torch.long))
+            logits, _ = model.decoder(torch.tensor([inputs]), encoder_out=enc)
+            lp = torch.log_softmax(logits[0, -2:].float(), dim=-1)
+            lp[:, pad] = lp[:, eos] = -math.inf
+            for slot, length in ((0, 2 * step), (1, 2 * step + 1)):
+                if length < min_len:
+                    lp[slot, eod] = -math.inf
+                elif length >= max_len:
+                    keep = lp[slot, eod].item()
+                    lp[slot] = -math.inf
+                    lp[slot, eod] = keep
+            scored.append(lp)
+        lefts = sorted(((total + scored[h][0, t].item(), h, t) for h, (_, _, total) in enumerate(live)
+                        for t in range(len(dictionary))), key=lambda c: -c[0])[:left_width]
+        pairs = []
+        for left_score, h, left in lefts:
+            rights = [eod] if left == eod else range(len(dictionary))
+            pairs += [(left_score + scored[h][1, r].item(), h, left, r) for r in rights]
+        pairs = sorted(pairs, key=lambda c: -c[0])[:pair_width]
+        for score, h, left, right in pairs[:beam]:
+            if (left == eod or right == eod) and score > -math.inf and len(finished) < beam:
+                inputs, slots, _ = live[h]
+                folded = inputs[2:] + [left, right]
+                all_slots = slots + [scored[h][0, left].item(), scored[h][1, right].item()]
+                kept = unfold_indices(folded, order, 2, eod)
+                length = len(kept) + 1
+                finished.append(([folded[i] for i in kept], sum(all_slots) / length))
+        if len(finished) >= beam or 2 * step >= max_len:
+            break
+        continuing = [p for p in pairs if p[2] != eod and p[3] != eod][:beam]
+        continuing += [(-math.inf, 0, dictionary.unk(), dictionary.unk())] * (beam - len(continuing))
+        live = [(live[h][0] + [left, right], live[h][1] + [scored[h][0, left].item(), scored[h][1, right].item()],
+                 score) for score, h, left, right in continuing]
+        step += 1
+    return sorted(finished, key=lambda f: -f[1])
+
+
+@pytest.mark.parametrize("order", ["bidir", "l2r", "r2l"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batched_double_topk_equals_a_one_hypothesis_at_a_time_reference(order, beam):
+    model, dictionary, eod = random_model(order, 2, std=0.5)
+    batch = random_batch(dictionary, bsz=4)
+    generator = DoubleTokenGenerator(model, dictionary, eod, order, beam_size=beam, left_candidates=2 * beam,
+                                     pair_candidates=3 * beam, max_len_b=9)
+    hypotheses = generator.generate([model], batch)
+    for i in range(4):
+        net_input = {k: v[i:i + 1] for k, v in batch["net_input"].items()}
+        expected = reference_double_topk(model, net_input, dictionary, eod, order, beam, 2 * beam, 3 * beam, 9)
+        ours = hypotheses[i]
+        assert len(ours) == len(expected) == beam
+        for hypo, (tokens, score) in zip(ours, expected):
+            assert hypo["tokens"].tolist() == tokens + [dictionary.eos()]
+            assert abs(float(hypo["score"]) - score) < 1e-4
+            assert abs(float(hypo["positional_scores"].sum()) / hypo["tokens"].numel() - score) < 1e-4
+
+
+def test_batched_decoding_equals_decoding_one_sentence_at_a_time():
+    model, dictionary, eod = random_model(std=0.5)
+    batch = random_batch(dictionary, bsz=6, seed=4)
+    generator = DoubleTokenGenerator(model, dictionary, eod, "bidir", beam_size=4, left_candidates=8,
+                                     pair_candidates=12, max_len_b=12)
+    together = generator.generate([model], batch)
+    for i in range(6):
+        alone = generator.generate([model], {"net_input": {k: v[i:i + 1] for k, v in batch["net_input"].items()}})
+        # Padding changes the encoder output in the last bits, which may swap hypotheses whose scores tie
+        # (this random model has many): ranks must agree on scores, and on tokens where a score is unique.
+        scores = [float(h["score"]) for h in alone[0]]
+        assert all(abs(a - float(b["score"])) < 1e-4 for a, b in zip(scores, together[i]))
+        for rank, (a, b) in enumerate(zip(alone[0], together[i])):
+            if sum(abs(scores[rank] - other) < 1e-4 for other in scores) == 1:
+                assert a["tokens"].tolist() == b["tokens"].tolist()
+
+
+class FixedTableModel(torch.nn.Module):
+    """Decoder emits fixed log-probabilities per step: table[step] = (slot-0 lprobs, slot-1 lprobs)."""
+
+    def __init__(self, table, vocab):
+        super().__init__()
+        self.table, self.vocab = table, vocab
+        self.encoder = self
+        self.decoder = self
+        self.tokens_per_step = 2
+        self.calls = 0
+
+    def max_decoder_positions(self):
+        return 1024
+
+    def forward_torchscript(self, net_input):
+        return {"rows": net_input["src_tokens"]}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return {"rows": encoder_out["rows"].index_select(0, new_order)}
+
+    def reorder_incremental_state_scripting(self, state, new_order):
+        pass
+
+    def forward(self, tokens, encoder_out=None, incremental_state=None):
+        step = tokens.size(1) // 2 - 1
+        self.calls += 1
+        logits = torch.full((tokens.size(0), 2, self.vocab), -30.0)  # e^-30: nil, yet exact in float32
+        for slot, probabilities in enumerate(self.table[min(step, len(self.table) - 1)]):
+            for token, p in probabilities.items():
+                logits[:, slot, token] = math.log(p)
+        return logits, None
+
+
+@pytest.mark.parametrize("eod_slot", ["left", "right"])
+def test_eod_in_either_slot_finalizes_with_the_right_length(eod_slot):
+    dictionary = tiny_dictionary(8)
+    eod = dictionary.add_symbol("<eod>")
+    a, b, c, d = (dictionary.index(f"w{i}") for i in range(4))
+    last = ({eod: 0.9, c: 0.1}, {eod: 0.8, d: 0.2}) if eod_slot == "left" else ({c: 0.9, eod: 0.1}, {eod: 0.7, d: 0.3})
+    model = FixedTableModel([({a: 0.6, b: 0.4}, {b: 0.6, d: 0.4}), last], len(dictionary))
+    batch = {"net_input": {"src_tokens": torch.tensor([[a, dictionary.eos()]]), "src_lengths": torch.tensor([2])}}
+    generator = DoubleTokenGenerator(model, dictionary, eod, "bidir", beam_size=1, left_candidates=2,
+                                     pair_candidates=3)
+    best = generator.generate([model], batch)[0][0]
+    if eod_slot == "left":  # (a, b) then (EOD, EOD): 2 tokens; the second slot's EOD is forced
+        assert best["tokens"].tolist() == [a, b, dictionary.eos()]
+        expected = [math.log(0.6), math.log(0.6), math.log(0.9) + math.log(0.8)]
+    else:  # (a, b) then (c, EOD): c is the middle token
+        assert best["tokens"].tolist() == [a, c, b, dictionary.eos()]
+        expected = [math.log(0.6), math.log(0.9), math.log(0.6), math.log(0.7)]
+    assert torch.allclose(best["positional_scores"], torch.tensor(expected), atol=1e-5)
+    assert abs(float(best["score"]) - sum(expected) / len(expected)) < 1e-5
+    assert model.calls == 2  # two tokens a call
+
+
+def test_min_len_forbids_an_early_eod_and_max_len_forces_one():
+    dictionary = tiny_dictionary(8)
+    eod = dictionary.add_symbol("<eod>")
+    a, b = dictionary.index("w0"), dictionary.index("w1")
+    model = FixedTableModel([({eod: 0.9, a: 0.1}, {eod: 0.9, b: 0.1})], len(dictionary))
+    batch = {"net_input": {"src_tokens": torch.tensor([[a, dictionary.eos()]]), "src_lengths": torch.tensor([2])}}
+    # min_len 3: EOD is barred until the first slot of step 1 would end at 2 tokens (too few): the earliest
+    # allowed end is the second slot of step 1 (3 tokens).
+    generator = DoubleTokenGenerator(model, dictionary, eod, "bidir", beam_size=1, min_len=3)
+    assert generator.generate([model], batch)[0][0]["tokens"].tolist() == [a, a, b, dictionary.eos()]
+    # A model that never ends is cut at max_len (5 tokens: the second slot of step 2 is forced to EOD).
+    never = FixedTableModel([({a: 0.9, b: 0.1}, {b: 0.9, a: 0.1})], len(dictionary))
+    generator = DoubleTokenGenerator(never, dictionary, eod, "bidir", beam_size=2, max_len_b=5)
+    best = generator.generate([never], batch)[0][0]
+    assert best["tokens"].tolist() == [a, a, a, b, b, dictionary.eos()]
+
+
+# --- ngram precision -----------------------------------------------------------------------------------------
+
+def test_span_precision_counts_clipped_ngrams_in_the_first_and_last_tokens():
+    hypotheses = [["a", "b", "c", "d", "x", "a"]]
+    references = [["a", "b", "c", "d", "e", "f"]]
+    assert span_precision(hypotheses, references, 3, 1, "first") == {"matched": 3, "total": 3, "precision": 100.0}
+    assert span_precision(hypotheses, references, 3, 1, "last")["matched"] == 2  # d, a (x is not in the ref)
+    assert span_precision(hypotheses, references, 4, 2, "first")["matched"] == 3
+    assert span_precision([["a", "a", "a"]], [["a", "b"]], 3, 1, "first")["matched"] == 1  # clipped
+
+
+def test_ngram_precision_cli_table_and_errors(tmp_path):
+    ref, left, right = tmp_path / "ref.txt", tmp_path / "l2r.txt", tmp_path / "r2l.txt"
+    ref.write_text("a b c d e f g h\n")
+    left.write_text("a b c d x y z h\n")
+    right.write_text("q r c d e f g h\n")
+    out = tmp_path / "table.json"
+    proc = plugins_cli("ngram-precision", "--reference", ref, "--hypotheses", left, right, "--labels", "l2r", "r2l",
+                       "--span", 4, "--json", out)
+    table = json.loads(out.read_text())["precision"]
+    assert table["l2r"]["first4_1gram"]["precision"] == 100.0 and table["l2r"]["last4_1gram"]["precision"] == 25.0
+    assert table["r2l"]["first4_4gram"]["precision"] == 0.0 and table["r2l"]["last4_4gram"]["precision"] == 100.0
+    assert "| l2r |" in proc.stdout
+    short = tmp_path / "short.txt"
+    short.write_text("a\nb\n")
+    proc = plugins_cli("ngram-precision", "--reference", ref, "--hypotheses", short, check=False)
+    assert proc.returncode == 2 and f"{short} has 2 lines but --reference {ref} has 1" in proc.stderr
+
+
+# --- end to end through fairseq-train / fairseq-generate ------------------------------------------------------
+
+def train(data, save_dir, order, per_step, *extra):
+    """Train a tiny double_token_transformer with fairseq-train; returns its checkpoint and the training log."""
+    flags = list(TRAIN_FLAGS)
+    flags[flags.index("--task") + 1] = "double_token_translation"
+    flags[flags.index("--arch") + 1] = "double_token_transformer_tiny"
+    proc = run("fairseq_cli.train", os.path.join(data, "bin"), *flags, "--token-order", order, "--tokens-per-step",
+               per_step, "--max-epoch", 12, "--save-dir", save_dir, *extra, env={"OMP_NUM_THREADS": "2"})
+    return os.path.join(save_dir, "checkpoint_best.pt"), proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def double_token_trained(prepared, tmp_path_factory):
+    """Three tiny systems: the paper's bidirectional one, single-token R2L and single-token L2R (stock)."""
+    bidir, bidir_log = train(prepared, str(tmp_path_factory.mktemp("bidir")), "bidir", 2, "--eval-bleu",
+                             "--eval-bleu-remove-bpe", "sentencepiece")
+    r2l, _ = train(prepared, str(tmp_path_factory.mktemp("r2l")), "r2l", 1)
+    l2r, _ = train(prepared, str(tmp_path_factory.mktemp("l2r")), "l2r", 1)
+    return {"data": prepared, "bidir": bidir, "bidir_log": bidir_log, "r2l": r2l, "l2r": l2r}
+
+
+def generate(data, checkpoint, *flags, check=True):
+    return run("fairseq_cli.generate", os.path.join(data, "bin"), "--user-dir", fairseq_plugins.__path__[0],
+               "--task", "double_token_translation", "--path", checkpoint, "--gen-subset", "test", *flags,
+               check=check)
+
+
+@pytest.mark.parametrize("system, flags", [
+    ("bidir", ["--beam", 5, "--batch-size", 16]),
+    ("bidir", ["--beam", 1, "--batch-size", 1]),
+    ("r2l", ["--token-order", "r2l", "--tokens-per-step", 1, "--beam", 5, "--batch-size", 16]),
+])
+def test_trained_models_decode_natural_order_through_fairseq_generate(double_token_trained, system, flags):
+    proc = generate(double_token_trained["data"], double_token_trained[system], *flags, "--nbest", 2)
+    pairs = {}
+    for line in proc.stdout.splitlines():
+        field = line.split("\t")
+        if line.startswith(("T-", "H-")):
+            pairs.setdefault(field[0][2:], {}).setdefault(field[0][0], field[-1])
+    assert len(pairs) == 40
+    hyps = [p["H"].split() for p in pairs.values()]
+    # Every synthetic target ends with its full stop; outputs reversed or folded would not.
+    assert sum(h[-1:] == ["▁."] for h in hyps) >= 38
+    bleu = float(re.search(r"BLEU4 = ([\d.]+)", proc.stdout).group(1))
+    assert bleu > 25, proc.stdout[-500:]
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 80  # --nbest 2
+
+
+def test_eval_bleu_during_training_scores_natural_order_hypotheses(double_token_trained):
+    # Against folded references (or with folded hypotheses) BLEU would stay near zero.
+    scores = re.findall(r"valid on 'valid' subset .*\| bleu ([\d.]+)", double_token_trained["bidir_log"])
+    assert len(scores) == 12 and float(scores[-1]) > 25, scores
+    state = torch.load(double_token_trained["bidir"], map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"].token_order == "bidir" and state["cfg"]["model"].tokens_per_step == 2
+
+
+@pytest.mark.parametrize("system, flags, message", [
+    ("bidir", ["--token-order", "l2r"], "the checkpoint was trained with --token-order bidir --tokens-per-step 2"),
+    ("r2l", [], "the checkpoint was trained with --token-order r2l --tokens-per-step 1"),
+    ("bidir", ["--tokens-per-step", 1], "--token-order bidir needs --tokens-per-step 2"),
+    ("bidir", ["--tokens-per-step", 3], "--tokens-per-step 3: must be 1 or 2"),
+    ("bidir", ["--beam", 4, "--pair-candidates", 3], "--pair-candidates 3: must be at least --beam 4"),
+    ("bidir", ["--sampling"], "--sampling: not supported with --tokens-per-step 2"),
+])
+def test_mismatched_order_and_bad_flags_are_clear_errors(double_token_trained, system, flags, message):
+    proc = generate(double_token_trained["data"], double_token_trained[system], *flags, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+
+
+def test_bench_compares_against_another_checkpoint_in_the_same_run(double_token_trained, tmp_path):
+    result_path = tmp_path / "dt.json"
+    plugins_cli("bench", "--method", "double_token", "--path", double_token_trained["bidir"],
+                "--baseline-path", double_token_trained["l2r"], "--data", double_token_trained["data"],
+                "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", result_path,
+                "--token-order", "bidir", "--tokens-per-step", 2)
+    result = json.loads(result_path.read_text())
+    assert result["baseline_checkpoint"] == os.path.abspath(double_token_trained["l2r"])
+    assert result["stats"]["sentences"] == 10 and result["stats"]["decoder_invocations"] > 0
+    assert result["bleu"] > 25 and result["baseline"]["bleu"] > 25  # both decoded in natural order
