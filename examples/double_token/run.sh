@@ -7,22 +7,24 @@
 #              baseline's prepared data. A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
 #   evaluate : fairseq-generate --beam BEAM on the whole test set, detokenised, sacreBLEU (Table 2's BLEU)
-#   bench    : fairseq-plugins bench per system against l2r-1 decoded in the same run (--baseline-path):
-#              tokens/s and its ratio (Table 2's speed), one thread, one sentence at a time, beam BEAM
+#   bench    : fairseq-plugins bench of each other system against l2r-1 decoded in the same run
+#              (--baseline-path): tokens/s and its ratio (Table 2's speed), one thread, one sentence at a
+#              time, beam BEAM, the first BENCH_LIMIT test sentences
 #   beams    : the same for bidir-2 at each of BEAMS (Fig. 3: speed ratio against beam width)
-#   ngram    : fairseq-plugins ngram-precision of l2r-1, r2l-1 and bidir-2 (Table 3)
+#   ngram    : fairseq-plugins ngram-precision of every system's evaluate output (Table 3)
+#   summary  : examples/double_token/summarize.py -> RESULTS/double_token_table2.{json,md}
 #
 # Usage: examples/double_token/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
-#   env: STAGES ("train evaluate bench beams ngram"), SYSTEMS (all five), EPOCHS (4), WARMUP (250),
+#   env: STAGES ("train evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (3), WARMUP (250),
 #        THREADS (training threads per system, 2), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (300 sentences), BEAMS_LIMIT (150), BENCH_RUNS (2), RESULTS (docs/results)
+#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (2), RESULTS (docs/results)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/double_token}
-STAGES=${STAGES:-train evaluate bench beams ngram}
+STAGES=${STAGES:-train evaluate bench beams ngram summary}
 SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
-EPOCHS=${EPOCHS:-4}
+EPOCHS=${EPOCHS:-3}
 WARMUP=${WARMUP:-250}
 BEAM=${BEAM:-10}
 RESULTS=${RESULTS:-docs/results}
@@ -56,4 +58,58 @@ if stage train; then
       --save-dir "$WORK/$system/checkpoints" --no-epoch-checkpoints \
       --log-format simple --log-interval 50
   done
+fi
+
+if stage evaluate; then
+  # Plain fairseq-generate + sacreBLEU on the whole test set, the way a user would score it.
+  for system in $SYSTEMS; do
+    out=$WORK/$system/generate.beam$BEAM.out
+    # shellcheck disable=SC2046
+    record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") --path "$(checkpoint "$system")" \
+      --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 > "$out.tmp"
+    mv "$out.tmp" "$out"
+    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$WORK/$system/hyp.beam$BEAM.de"
+    sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.beam$BEAM.de" -m bleu > "$WORK/$system/bleu.beam$BEAM.json"
+    echo "$system beam $BEAM: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.beam$BEAM.de" -m bleu -b)"
+  done
+fi
+
+bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON: one bench row, stock single-token L2R decoded in the same run
+  # shellcheck disable=SC2046
+  fairseq-plugins bench --method double_token --label "$1" --path "$(checkpoint "$1")" \
+    --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
+    --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 --beam "$2" --limit "$3" \
+    --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")
+}
+
+if stage bench; then
+  json=$RESULTS/double_token.json
+  rm -f "$json.tmp"
+  for system in $SYSTEMS; do
+    [[ $system == l2r-1 ]] && continue  # it is every row's baseline
+    bench_against_l2r "$system" "$BEAM" "${BENCH_LIMIT:-200}" "$json.tmp"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage beams; then
+  json=$RESULTS/double_token_beams.json
+  rm -f "$json.tmp"
+  for beam in ${BEAMS:-1 2 5 10 20}; do
+    bench_against_l2r bidir-2 "$beam" "${BEAMS_LIMIT:-100}" "$json.tmp"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage ngram; then
+  hyps=() labels=()
+  for system in $SYSTEMS; do hyps+=("$WORK/$system/hyp.beam$BEAM.de"); labels+=("$system"); done
+  fairseq-plugins ngram-precision --reference "$DATA/raw/test.de" --hypotheses "${hyps[@]}" --labels "${labels[@]}" \
+    --span 5 --orders 1 4 --json "$RESULTS/double_token_ngram.json"
+fi
+
+if stage summary; then
+  python "$(dirname "$0")/summarize.py" --work "$WORK" --beam "$BEAM" --systems $SYSTEMS \
+    --bench "$RESULTS/double_token.json" --beams "$RESULTS/double_token_beams.json" \
+    --commands "$COMMANDS" --out "$RESULTS/double_token_table2"
 fi

@@ -11,13 +11,22 @@ import torch
 
 
 def allow_fairseq_checkpoints() -> None:
-    """torch >= 2.6 unpickles with ``weights_only=True``; fairseq checkpoints hold an ``argparse.Namespace``.
+    """torch >= 2.6 unpickles with ``weights_only=True``; fairseq checkpoints hold an ``argparse.Namespace``
+    (and, trained with --eval-bleu, numpy arrays).
 
-    Allow-listing that one class keeps the safe loader for everything else.
+    Allow-listing those classes keeps the safe loader for everything else.
     """
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:  # older torch loads everything and needs no fix
-        add_safe_globals([argparse.Namespace])
+        add_safe_globals([argparse.Namespace, *_numpy_array_globals()])
+
+
+def _numpy_array_globals() -> list:
+    """What unpickling a numpy array needs: --eval-bleu stores its n-gram counts as int64 arrays in the
+    checkpoint's metrics state, so a model trained with it would not load otherwise."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed the package
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype,
+            *{type(np.dtype(t)) for t in (np.int64, np.int32, np.float64, np.float32, np.bool_)}]
 
 
 def keep_last_partial_batch() -> None:

@@ -1,0 +1,102 @@
+"""Collect examples/double_token/run.sh's measurements into the paper's Table 2 (and the Fig. 3 plot).
+
+Reads WORK/<system>/bleu.beamB.json (sacreBLEU on the whole test set, stage evaluate), the bench results of
+stage bench (each system against single-token L2R decoded in the same run) and of stage beams, and
+WORK/commands.txt. Writes OUT.json, OUT.md and, with --beams, OUT_beams.png.
+"""
+
+import argparse
+import json
+import os
+
+from fairseq_plugins.bench import report
+from fairseq_plugins.common.textio import atomic_output
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--beam", type=int, required=True)
+    p.add_argument("--systems", nargs="+", required=True)
+    p.add_argument("--bench", required=True, help="bench JSON of stage bench")
+    p.add_argument("--beams", help="bench JSON of stage beams")
+    p.add_argument("--commands", required=True)
+    p.add_argument("--out", required=True, help="output path without extension")
+    args = p.parse_args()
+
+    speed = {r["label"]: r for r in report.load_results(args.bench)}
+    rows = []
+    for system in args.systems:
+        with open(os.path.join(args.work, system, f"bleu.beam{args.beam}.json"), encoding="utf-8") as f:
+            bleu = json.load(f)
+        row = {"system": system, "bleu": bleu["score"], "bleu_signature": bleu.get("signature")}
+        if system in speed:
+            r = speed[system]
+            row.update({
+                "tokens_per_s": round(r["tokens_per_s"], 1),
+                "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1),
+                "speed_ratio_vs_l2r_1": round(r["speed_ratio"], 3),
+                "decoder_invocations_per_sentence": round(r["stats"]["decoder_invocations"] / r["stats"]["sentences"], 2),
+                "bench_sentences": r["sentences"], "bench_bleu": r["bleu"], "bench_l2r_1_bleu": r["baseline"]["bleu"],
+            })
+        rows.append(row)
+    l2r = next((row["bleu"] for row in rows if row["system"] == "l2r-1"), None)
+    for row in rows:
+        row["bleu_delta_vs_l2r_1"] = round(row["bleu"] - l2r, 2) if l2r is not None else None
+
+    any_bench = next(iter(speed.values()))
+    result = {
+        "table": "Imamura & Sumita 2020, Table 2, on Multi30k en->de test_2016_flickr",
+        "beam": args.beam,
+        "bleu_from": "fairseq-generate --beam B --batch-size 64 on the whole test set, detokenised, sacreBLEU",
+        "speed_from": f"fairseq-plugins bench: {any_bench['sentences']} test sentences, batch 1, "
+                      f"{any_bench['threads']} thread(s), median of {any_bench['runs']} runs, each system and "
+                      "single-token L2R alternating in the same process",
+        "device": any_bench["device"],
+        "rows": rows,
+        "commands": report.read_provenance([args.commands]),
+    }
+    if args.beams and os.path.isfile(args.beams):
+        sweep = sorted(report.load_results(args.beams), key=lambda r: r["beam"])
+        result["speed_ratio_against_beam"] = [
+            {"beam": r["beam"], "speed_ratio": round(r["speed_ratio"], 3), "tokens_per_s": round(r["tokens_per_s"], 1),
+             "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1), "bleu": r["bleu"],
+             "l2r_1_bleu": r["baseline"]["bleu"], "sentences": r["sentences"]} for r in sweep]
+        plot_beams(result["speed_ratio_against_beam"], args.out + "_beams.png")
+
+    with atomic_output(args.out + ".json") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    lines = [f"| system (beam {args.beam}) | BLEU | vs l2r-1 | tokens/s | l2r-1 tokens/s | speed ratio | calls/sentence |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | "
+                     f"{row.get('tokens_per_s', '')} | {row.get('l2r_1_tokens_per_s', '')} | "
+                     f"{row.get('speed_ratio_vs_l2r_1', '')} | {row.get('decoder_invocations_per_sentence', '')} |")
+    with atomic_output(args.out + ".md") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def plot_beams(sweep, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([s["beam"] for s in sweep], [s["speed_ratio"] for s in sweep], marker="o")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([s["beam"] for s in sweep], [str(s["beam"]) for s in sweep])
+    ax.set_xlabel("beam width")
+    ax.set_ylabel("tokens/s, bidir-2 / l2r-1")
+    ax.set_title("Speed ratio against beam width (paper Fig. 3)")
+    fig.tight_layout()
+    with atomic_output(path, mode="wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
