@@ -425,6 +425,17 @@ def test_trained_models_decode_natural_order_through_fairseq_generate(double_tok
     assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 40 * min(beam, 2)  # --nbest 2
 
 
+def test_fairseq_interactive_decodes_raw_lines_in_natural_order(double_token_trained):
+    data = double_token_trained["data"]
+    with open(os.path.join(data, "tok", "test.src"), encoding="utf-8") as f:
+        sources = [next(f).rstrip("\n") for _ in range(3)]
+    proc = run("fairseq_cli.interactive", os.path.join(data, "bin"), "--user-dir", fairseq_plugins.__path__[0],
+               "--task", "double_token_translation", "--path", double_token_trained["bidir"], "--beam", 4,
+               "--source-lang", "src", "--target-lang", "tgt", stdin="\n".join(sources) + "\n")
+    hyps = [line.split("\t")[-1].split() for line in proc.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 3 and all(h[-1] == "▁." for h in hyps), proc.stdout[-800:]
+
+
 def test_eval_bleu_during_training_equals_fairseq_generate_on_the_same_checkpoint(double_token_trained):
     # --eval-bleu decodes the validation set with the task's generator against the natural-order target,
     # as fairseq-generate does (sacreBLEU 13a on detokenised words; against folded references, or with
