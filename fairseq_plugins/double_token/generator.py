@@ -131,15 +131,24 @@ class DoubleTokenGenerator:
             left_score, left_index = left_total.topk(min(self.left_candidates, W * vocab), dim=1)
             left_beam, left_token = left_index // vocab, left_index % vocab
             # ... second slot: each first-slot candidate with its own hypothesis' second-slot distribution.
-            right = lprobs[:, :, 1].gather(1, left_beam.unsqueeze(-1).expand(-1, -1, vocab))  # (live, L, V)
+            # The second slot does not depend on the first slot's token, so of each hypothesis only its
+            # `pairs` best second-slot tokens can be among the `pairs` best pairs: select from those
+            # (L x pairs scores instead of L x V; the same result).
+            pairs = min(self.pair_candidates, vocab)
+            right_score, right_token = lprobs[:, :, 1].topk(pairs, dim=-1)  # (live, W, pairs)
+            index = left_beam.unsqueeze(-1).expand(-1, -1, pairs)
+            right_score, right_token = right_score.gather(1, index), right_token.gather(1, index)  # (live, L, pairs)
             ended = left_token.eq(self.eod)
-            if ended.any():
-                eod_score = right[..., self.eod].clone()
-                right = right.masked_fill(ended.unsqueeze(-1), -math.inf)
-                right[..., self.eod] = torch.where(ended, eod_score, right[..., self.eod])
-            pair_total = (left_score.unsqueeze(-1) + right).view(live, -1)
+            if ended.any():  # after a first-slot EOD the only second slot is EOD
+                eod_score = lprobs[:, :, 1, self.eod].gather(1, left_beam)
+                first = torch.arange(pairs, device=device) == 0
+                right_score = torch.where(ended.unsqueeze(-1), torch.where(first, eod_score.unsqueeze(-1), -math.inf),
+                                          right_score)
+                right_token = torch.where(ended.unsqueeze(-1), self.eod, right_token)
+            pair_total = (left_score.unsqueeze(-1) + right_score).view(live, -1)
             pair_score, pair_index = pair_total.topk(min(self.pair_candidates, pair_total.size(1)), dim=1)
-            candidate, right_token = pair_index // vocab, pair_index % vocab
+            candidate = pair_index // pairs
+            right_token = right_token.view(live, -1).gather(1, pair_index)
             beam = left_beam.gather(1, candidate)
             left_token = left_token.gather(1, candidate)
             row = torch.arange(live, device=device).unsqueeze(1) * W + beam  # (live, P) rows of `tokens`
