@@ -18,7 +18,9 @@
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
 #   env: STAGES ("train evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (3), WARMUP (250),
 #        THREADS (training threads per system, 2), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (2), RESULTS (docs/results)
+#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (2), RESULTS (docs/results),
+#        GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
+#        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/double_token}
@@ -27,6 +29,7 @@ SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
 EPOCHS=${EPOCHS:-3}
 WARMUP=${WARMUP:-250}
 BEAM=${BEAM:-10}
+GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
 RESULTS=${RESULTS:-docs/results}
 USER_DIR=$(fairseq-plugins user-dir)
 DATA=$BASE/data
@@ -64,9 +67,9 @@ if stage evaluate; then
   # Plain fairseq-generate + sacreBLEU on the whole test set, the way a user would score it.
   for system in $SYSTEMS; do
     out=$WORK/$system/generate.beam$BEAM.out
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") --path "$(checkpoint "$system")" \
-      --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 > "$out.tmp"
+      --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS > "$out.tmp"
     mv "$out.tmp" "$out"
     fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$WORK/$system/hyp.beam$BEAM.de"
     sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.beam$BEAM.de" -m bleu > "$WORK/$system/bleu.beam$BEAM.json"
@@ -75,8 +78,8 @@ if stage evaluate; then
 fi
 
 bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON: one bench row, stock single-token L2R decoded in the same run
-  # shellcheck disable=SC2046
-  fairseq-plugins bench --method double_token --label "$1" --path "$(checkpoint "$1")" \
+  # shellcheck disable=SC2046,SC2086
+  fairseq-plugins bench --method double_token --label "$1" --path "$(checkpoint "$1")" $GEN_FLAGS \
     --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
     --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 --beam "$2" --limit "$3" \
     --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")

@@ -103,6 +103,9 @@ class DoubleTokenGenerator:
         device = src_tokens.device
         W = self.beam_size
         max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 3)
+        if self.min_len > max_len:  # fairseq's own generator refuses the same
+            raise ValueError(f"--min-len {self.min_len} is larger than the maximum output length {max_len} "
+                             "(--max-len-a/--max-len-b, capped by the model's positions)")
         self._stats["batches"] += 1
 
         encoder_out = self.model.encoder.forward_torchscript(net_input)
