@@ -19,6 +19,7 @@ for system in l2r-1 bidir-2; do
   grep -E "valid on" "$WORK/double_token-$system-train.log" | tail -1 | grep -oE "nll_loss [0-9.]+"
 done
 say "bench: double-token bidirectional (DoubleTopK, beam 5) against single-token L2R (stock beam 5)"
+# Briefly trained models may not stop on their own: outputs are cut at 1.2 x source length + 10 for both.
 bench --method double_token --path "$WORK/double_token-bidir-2/checkpoint_best.pt" \
-  --baseline-path "$WORK/double_token-l2r-1/checkpoint_best.pt" --beam 5 \
+  --baseline-path "$WORK/double_token-l2r-1/checkpoint_best.pt" --beam 5 --max-len-a 1.2 --max-len-b 10 \
   --token-order bidir --tokens-per-step 2 --label "double-token bidir vs single-token L2R"
