@@ -29,6 +29,7 @@ from ..common.incremental import IncrementalState
 
 logger = logging.getLogger(__name__)
 
+
 class ProposalHeads(nn.Module):
     """One FFN (d -> k*d_ff -> k*d, ReLU) whose k output slices are added to the decoder state.
 
