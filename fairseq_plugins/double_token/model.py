@@ -1,7 +1,7 @@
 """``double_token_transformer``: a fairseq transformer whose decoder emits one or two tokens per step.
 
-The decoder has learned positional embeddings (the two slots of a step differ only by position) and a
-self-attention mask whose unit is a step (paper Fig. 1b): with two tokens a step, both positions of step s
+The decoder has learned positional embeddings (both slots of a step attend to the same inputs; their
+positions tell them which of the two tokens to predict) and a self-attention mask whose unit is a step (paper Fig. 1b): with two tokens a step, both positions of step s
 see every input of steps <= s, i.e. the two start symbols and the pairs decoded before. In incremental
 decoding a call appends the newest pair to fairseq's ``incremental_state`` and returns both slots' outputs;
 ``reorder_incremental_state`` is fairseq's own. With one token a step it is exactly fairseq's transformer.
