@@ -19,7 +19,6 @@ token-for-token that of ``fairseq-generate --beam 1`` (same constraints: EOS nev
 ``max_len``, pad never, ``--unkpen``), and scores are computed the same way.
 """
 
-import atexit
 import logging
 import math
 from typing import Dict, List, Optional
@@ -27,10 +26,14 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
+from ..common.generation import MethodGenerator
+
 logger = logging.getLogger(__name__)
 
 
-class BlockwiseGenerator:
+class BlockwiseGenerator(MethodGenerator):
+    method_name = "blockwise"
+
     def __init__(self, model, tgt_dict, block_size: int, acceptance: str = "exact", topk: int = 2,
                  distance: float = 1.0, min_block_size: int = 1, max_len_a: float = 0.0, max_len_b: int = 200,
                  min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
@@ -50,7 +53,6 @@ class BlockwiseGenerator:
         self.vocab_size = len(tgt_dict)
         self.learned_first_head = self.decoder.proposal_heads.learned_first_head
         self.reset_generation_stats()
-        self._summary_registered = False
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) ------------------
 
@@ -77,13 +79,7 @@ class BlockwiseGenerator:
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
-        if prefix_tokens is not None:
-            raise ValueError("blockwise decoding does not support --prefix-size")
-        if constraints is not None:
-            raise ValueError("blockwise decoding does not support --constraints")
-        if not self._summary_registered:
-            atexit.register(self._log_summary)
-            self._summary_registered = True
+        self._begin_generate(prefix_tokens, constraints)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]

@@ -13,6 +13,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..common.generation import refuse_unsupported_generation_flags
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel
 
@@ -82,23 +83,11 @@ class BlockwiseTranslationTask(TranslationTask):
             raise ValueError(f"--block-distance {self.cfg.block_distance}: must be >= 0")
         if not 1 <= self.cfg.min_block_size <= block_size:
             raise ValueError(f"--min-block-size {self.cfg.min_block_size}: must be 1..{block_size} (the block size)")
-        unsupported = {
+        refuse_unsupported_generation_flags(args, "--task blockwise_translation", extra={
             "--beam (blockwise decoding is greedy: pass --beam 1; for beam search use --task translation)":
                 getattr(args, "beam", 1) != 1,
             "--nbest": getattr(args, "nbest", 1) != 1,
-            "--sampling": getattr(args, "sampling", False),
-            "--print-alignment": bool(getattr(args, "print_alignment", None)),
-            "--match-source-len": getattr(args, "match_source_len", False),
-            "--no-repeat-ngram-size": getattr(args, "no_repeat_ngram_size", 0) > 0,
-            "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
-            "--diversity-rate": getattr(args, "diversity_rate", -1) > 0,
-            "--constraints": bool(getattr(args, "constraints", None)),
-            "--prefix-size": getattr(args, "prefix_size", 0) > 0,
-            "--score-reference": getattr(args, "score_reference", False),
-        }
-        for flag, given in unsupported.items():
-            if given:
-                raise ValueError(f"{flag}: not supported with --task blockwise_translation")
+        })
         return BlockwiseGenerator(
             model, self.target_dictionary, block_size,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,

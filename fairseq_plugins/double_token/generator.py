@@ -19,7 +19,6 @@ fairseq's (the +1 is the EOS, whose positional score is that of the EOD(s)).
 reversed back to natural order.
 """
 
-import atexit
 import logging
 import math
 from typing import Dict, List
@@ -29,6 +28,7 @@ from torch import Tensor
 
 from fairseq.sequence_generator import SequenceGenerator
 
+from ..common.generation import MethodGenerator
 from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ class RightToLeftSequenceGenerator(SequenceGenerator):
         return finalized
 
 
-class DoubleTokenGenerator:
+class DoubleTokenGenerator(MethodGenerator):
+    method_name = "double-token"
+
     def __init__(self, model, tgt_dict, eod: int, token_order: str, beam_size: int = 5, left_candidates: int = 10,
                  pair_candidates: int = 15, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                  normalize_scores: bool = True, len_penalty: float = 1.0, unk_penalty: float = 0.0,
@@ -69,7 +71,6 @@ class DoubleTokenGenerator:
         self.unk_penalty, self.temperature = unk_penalty, temperature
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.reset_generation_stats()
-        self._summary_registered = False
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
 
@@ -90,13 +91,7 @@ class DoubleTokenGenerator:
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
-        if prefix_tokens is not None:
-            raise ValueError("double-token decoding does not support --prefix-size")
-        if constraints is not None:
-            raise ValueError("double-token decoding does not support --constraints")
-        if not self._summary_registered:
-            atexit.register(self._log_summary)
-            self._summary_registered = True
+        self._begin_generate(prefix_tokens, constraints)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
@@ -162,7 +157,6 @@ class DoubleTokenGenerator:
             # FINALIZE: pairs with an EOD among the W best candidates.
             has_eod = (left_token.eq(self.eod) | right_token.eq(self.eod)) & (pair_score > -math.inf)
             finishing = has_eod[:, :W]
-            done = torch.zeros(live, dtype=torch.bool, device=device)
             for i, j in finishing.nonzero().tolist():
                 sentence = int(sentences[i])
                 if len(finalized[sentence]) < W:
@@ -170,8 +164,7 @@ class DoubleTokenGenerator:
                     folded = torch.cat([tokens[r, 2:], torch.stack([left_token[i, j], right_token[i, j]])])
                     scores = torch.cat([slot_scores[r], pair_slot_scores[i, j]])
                     finalized[sentence].append(self._hypothesis(folded, scores))
-            for i in range(live):
-                done[i] = len(finalized[int(sentences[i])]) >= W
+            done = torch.tensor([len(finalized[i]) >= W for i in sentences.tolist()], device=device)
             if 2 * step >= max_len:  # every slot was forced to EOD: nothing can continue
                 done[:] = True
 

@@ -18,6 +18,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..common.generation import refuse_unsupported_generation_flags
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
 from .generator import DoubleTokenGenerator, RightToLeftSequenceGenerator
 from .model import DoubleTokenTransformerModel
@@ -53,7 +54,9 @@ class DoubleTokenTranslationTask(TranslationTask):
     cfg: DoubleTokenTranslationConfig
 
     def __init__(self, cfg: DoubleTokenTranslationConfig, src_dict, tgt_dict):
-        check_token_order(str(cfg.token_order), cfg.tokens_per_step)
+        # A plain str: the checkpoint pickles the model's arguments, and a ChoiceEnum does not pickle.
+        self.token_order = str(cfg.token_order)
+        check_token_order(self.token_order, cfg.tokens_per_step)
         super().__init__(cfg, src_dict, tgt_dict)
         # EOD joins both dictionaries, so a joined dictionary (shared embeddings) stays joined.
         self.eod = tgt_dict.add_symbol(EOD_SYMBOL)
@@ -61,7 +64,7 @@ class DoubleTokenTranslationTask(TranslationTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
-        self.datasets[split] = FoldedTargetDataset(self.datasets[split], str(self.cfg.token_order),
+        self.datasets[split] = FoldedTargetDataset(self.datasets[split], self.token_order,
                                                    self.cfg.tokens_per_step, self.tgt_dict.eos(), self.eod)
 
     def max_positions(self):
@@ -71,8 +74,7 @@ class DoubleTokenTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         if not from_checkpoint:  # a checkpoint keeps the order it was trained in (checked by build_generator)
-            # A plain str: the checkpoint pickles the model's arguments, and a ChoiceEnum does not pickle.
-            cfg.token_order, cfg.tokens_per_step = str(self.cfg.token_order), self.cfg.tokens_per_step
+            cfg.token_order, cfg.tokens_per_step = self.token_order, self.cfg.tokens_per_step
         return super().build_model(cfg, from_checkpoint)
 
     # --- training: the stock criterions see the folded target ---------------------------------------------
@@ -102,7 +104,7 @@ class DoubleTokenTranslationTask(TranslationTask):
                         prefix_allowed_tokens_fn=None):
         for model in models:
             self._check_trained_order(model)
-        order, per_step = str(self.cfg.token_order), self.cfg.tokens_per_step
+        order, per_step = self.token_order, self.cfg.tokens_per_step
         if per_step == 1:
             if order == "r2l":
                 if (getattr(args, "prefix_size", 0) > 0 or getattr(args, "constraints", None)
@@ -113,20 +115,7 @@ class DoubleTokenTranslationTask(TranslationTask):
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if len(models) > 1:
             raise ValueError("--path: double-token decoding runs one model, not an ensemble")
-        unsupported = {
-            "--sampling": getattr(args, "sampling", False),
-            "--print-alignment": bool(getattr(args, "print_alignment", None)),
-            "--match-source-len": getattr(args, "match_source_len", False),
-            "--no-repeat-ngram-size": getattr(args, "no_repeat_ngram_size", 0) > 0,
-            "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
-            "--diversity-rate": getattr(args, "diversity_rate", -1) > 0,
-            "--constraints": bool(getattr(args, "constraints", None)),
-            "--prefix-size": getattr(args, "prefix_size", 0) > 0,
-            "--score-reference": getattr(args, "score_reference", False),
-        }
-        for flag, given in unsupported.items():
-            if given:
-                raise ValueError(f"{flag}: not supported with --tokens-per-step 2")
+        refuse_unsupported_generation_flags(args, "--tokens-per-step 2")
         beam = getattr(args, "beam", 5)
         left = self.cfg.left_candidates or 2 * beam
         pairs = self.cfg.pair_candidates or 3 * beam
@@ -149,7 +138,7 @@ class DoubleTokenTranslationTask(TranslationTask):
             raise ValueError(f"--path: the checkpoint holds a {type(model).__name__}, not a double_token_transformer "
                              "(train with --task double_token_translation --arch double_token_transformer*)")
         trained = (model.args.token_order, model.args.tokens_per_step)
-        asked = (str(self.cfg.token_order), self.cfg.tokens_per_step)
+        asked = (self.token_order, self.cfg.tokens_per_step)
         if trained != asked:
             raise ValueError(
                 f"--token-order {asked[0]} --tokens-per-step {asked[1]}: the checkpoint was trained with "

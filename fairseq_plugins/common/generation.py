@@ -1,0 +1,43 @@
+"""What the methods' own generators share (registers nothing): the fairseq generation flags they refuse, and
+the start of every ``generate`` call (refused inputs, one summary line at exit)."""
+
+import atexit
+from typing import Dict, Optional
+
+
+def refuse_unsupported_generation_flags(args, context: str, extra: Optional[Dict[str, bool]] = None) -> None:
+    """Raise a ValueError naming the first fairseq generation flag set in ``args`` that a method's own generator
+    does not implement; ``extra`` maps further flag descriptions to whether they were given (checked first)."""
+    unsupported = {
+        **(extra or {}),
+        "--sampling": getattr(args, "sampling", False),
+        "--print-alignment": bool(getattr(args, "print_alignment", None)),
+        "--match-source-len": getattr(args, "match_source_len", False),
+        "--no-repeat-ngram-size": getattr(args, "no_repeat_ngram_size", 0) > 0,
+        "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
+        "--diversity-rate": getattr(args, "diversity_rate", -1) > 0,
+        "--constraints": bool(getattr(args, "constraints", None)),
+        "--prefix-size": getattr(args, "prefix_size", 0) > 0,
+        "--score-reference": getattr(args, "score_reference", False),
+    }
+    for flag, given in unsupported.items():
+        if given:
+            raise ValueError(f"{flag}: not supported with {context}")
+
+
+class MethodGenerator:
+    """Base of a method's own generator. Subclasses name the method (``method_name``, as in its error
+    messages) and define ``_log_summary``, which fairseq-generate's process runs once at exit."""
+
+    method_name = "this"
+    _summary_registered = False
+
+    def _begin_generate(self, prefix_tokens, constraints) -> None:
+        """Refuse what fairseq may pass but the method does not implement; register the summary once."""
+        if prefix_tokens is not None:
+            raise ValueError(f"{self.method_name} decoding does not support --prefix-size")
+        if constraints is not None:
+            raise ValueError(f"{self.method_name} decoding does not support --constraints")
+        if not self._summary_registered:
+            atexit.register(self._log_summary)
+            self._summary_registered = True
