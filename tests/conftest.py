@@ -39,6 +39,37 @@ def plugins_cli(*args, **kwargs):
     return run("fairseq_plugins.cli", *args, **kwargs)
 
 
+# --- untrained models: a dictionary, the task stand-in build_model needs, random source batches ---------------
+
+def word_dictionary(size=30):
+    """A fairseq Dictionary of the words w0 .. w{size-1} (after the four special symbols)."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for i in range(size):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+class DictionaryTask:
+    """What a model's ``build_model`` reads from its task: the two dictionaries (here one)."""
+
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def random_batch(dictionary, bsz, src_len=7, seed=0):
+    """``bsz`` random sources of 2..src_len tokens, left-padded as fairseq pads them, as a sample."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, src_len + 1, (bsz,), generator=g)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
 @pytest.fixture(scope="session")
 def synthetic_raw(tmp_path_factory):
     from fairseq_plugins.common.synthetic import write_corpus

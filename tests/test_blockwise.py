@@ -7,11 +7,10 @@ import re
 
 import pytest
 import torch
-from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, plugins_cli, run
+from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq_plugins.blockwise.criterion import BlockwiseLabelSmoothedCrossEntropyCriterion
 from fairseq_plugins.blockwise.generator import BlockwiseGenerator
 from fairseq_plugins.blockwise.model import (
@@ -23,33 +22,17 @@ from fairseq_plugins.blockwise.model import (
 HEADS = 4
 
 
-class _Task:
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
-
-
 def random_model(seed=0, heads=HEADS, learned_first_head=False, std=0.3):
     """An untrained tiny blockwise model with large random weights, so its outputs vary from token to token."""
-    dictionary = Dictionary()
-    for i in range(30):
-        dictionary.add_symbol(f"w{i}")
+    dictionary = word_dictionary()
     args = argparse.Namespace(blockwise_heads=heads, blockwise_learned_first_head=learned_first_head)
     blockwise_transformer_tiny(args)
     args.dropout = 0.0
     torch.manual_seed(seed)
-    model = BlockwiseTransformerModel.build_model(args, _Task(dictionary))
+    model = BlockwiseTransformerModel.build_model(args, DictionaryTask(dictionary))
     for parameter in model.parameters():
         torch.nn.init.normal_(parameter, std=std)
     return model.eval(), dictionary
-
-
-def random_batch(dictionary, bsz=6, src_len=7, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, src_len + 1, (bsz,), generator=g)
-    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
-    for i, n in enumerate(lengths.tolist()):
-        src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
-    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
 
 
 def test_proposal_heads_keep_the_base_as_head_one_and_compute_any_subset():
@@ -150,7 +133,7 @@ def test_min_block_size_and_approximate_acceptance_accept_more_per_iteration():
 
 def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset():
     model, dictionary = random_model(std=0.05)
-    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(_Task(dictionary), False, 0.0)
+    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(DictionaryTask(dictionary), False, 0.0)
     target = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 1, 1]])
     prev = torch.tensor([[2, 5, 6, 7, 8], [2, 9, 10, 2, 1]])
     sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},

@@ -10,7 +10,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from conftest import USER_DIR, plugins_cli, run
+from conftest import USER_DIR, DictionaryTask, plugins_cli, run
 from fairseq_plugins.bytenet import model as bytenet_model
 from fairseq_plugins.bytenet.layers import DilatedConv1d
 
@@ -28,11 +28,6 @@ def _dictionary(symbols="abcdefghijklmnop"):
     return dictionary
 
 
-class _Task:
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
-
-
 def build(preset, narrow=False, **overrides):
     """A model of ``preset``'s layout (optionally narrowed), random weights, eval mode, float64 for exactness."""
     args = argparse.Namespace(**overrides)
@@ -43,7 +38,7 @@ def build(preset, narrow=False, **overrides):
         args.output_hidden_dim = NARROW
     ARCH_CONFIG_REGISTRY[preset](args)
     torch.manual_seed(0)
-    model = ARCH_MODEL_REGISTRY[preset].build_model(args, _Task(_dictionary()))
+    model = ARCH_MODEL_REGISTRY[preset].build_model(args, DictionaryTask(_dictionary()))
     return model.double().eval()
 
 

@@ -8,12 +8,12 @@ import re
 
 import pytest
 import torch
-from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.data import LanguagePairDataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, plugins_cli, run
+from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq_plugins.double_token.folding import FoldedTargetDataset, fold, unfold, unfold_indices
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
 from fairseq_plugins.double_token.model import DoubleTokenTransformerModel, double_token_transformer_tiny
@@ -76,7 +76,7 @@ def language_pair_dataset(targets, dictionary):
 
 @pytest.mark.parametrize("order, per_step", SYSTEMS)
 def test_dataset_folds_targets_of_length_0_1_and_more_and_keeps_the_natural_one(order, per_step):
-    dictionary = tiny_dictionary()
+    dictionary = word_dictionary()
     eod, eos, pad = dictionary.add_symbol("<eod>"), dictionary.eos(), dictionary.pad()
     natural = [[], [10], [10, 11], [10, 11, 12, 13, 14]]
     dataset = FoldedTargetDataset(language_pair_dataset(natural, dictionary), order, per_step, eos, eod)
@@ -93,39 +93,18 @@ def test_dataset_folds_targets_of_length_0_1_and_more_and_keeps_the_natural_one(
 
 # --- model ---------------------------------------------------------------------------------------------------
 
-def tiny_dictionary(size=30):
-    dictionary = Dictionary()
-    for i in range(size):
-        dictionary.add_symbol(f"w{i}")
-    return dictionary
-
-
-class _Task:
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
-
-
 def random_model(order="bidir", per_step=2, seed=0, std=0.3):
     """An untrained tiny model with large random weights, so its outputs vary from token to token."""
-    dictionary = tiny_dictionary()
+    dictionary = word_dictionary()
     eod = dictionary.add_symbol("<eod>")
     args = argparse.Namespace(token_order=order, tokens_per_step=per_step)
     double_token_transformer_tiny(args)
     args.dropout = 0.0
     torch.manual_seed(seed)
-    model = DoubleTokenTransformerModel.build_model(args, _Task(dictionary))
+    model = DoubleTokenTransformerModel.build_model(args, DictionaryTask(dictionary))
     for parameter in model.parameters():
         torch.nn.init.normal_(parameter, std=std)
     return model.eval(), dictionary, eod
-
-
-def random_batch(dictionary, bsz=5, src_len=7, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, src_len + 1, (bsz,), generator=g)
-    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
-    for i, n in enumerate(lengths.tolist()):
-        src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
-    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
 
 
 def test_step_mask_lets_both_slots_of_a_step_see_each_other_and_nothing_later():
@@ -309,7 +288,7 @@ class FixedTableModel(torch.nn.Module):
 
 @pytest.mark.parametrize("eod_slot", ["left", "right"])
 def test_eod_in_either_slot_finalizes_with_the_right_length(eod_slot):
-    dictionary = tiny_dictionary(8)
+    dictionary = word_dictionary(8)
     eod = dictionary.add_symbol("<eod>")
     a, b, c, d = (dictionary.index(f"w{i}") for i in range(4))
     last = ({eod: 0.9, c: 0.1}, {eod: 0.8, d: 0.2}) if eod_slot == "left" else ({c: 0.9, eod: 0.1}, {eod: 0.7, d: 0.3})
@@ -330,7 +309,7 @@ def test_eod_in_either_slot_finalizes_with_the_right_length(eod_slot):
 
 
 def test_min_len_forbids_an_early_eod_and_max_len_forces_one():
-    dictionary = tiny_dictionary(8)
+    dictionary = word_dictionary(8)
     eod = dictionary.add_symbol("<eod>")
     a, b = dictionary.index("w0"), dictionary.index("w1")
     model = FixedTableModel([({eod: 0.9, a: 0.1}, {eod: 0.9, b: 0.1})], len(dictionary))
