@@ -133,8 +133,21 @@ def add_ngram_precision_parser(subparsers):
     add(subparsers)
 
 
+def add_align_parser(subparsers):
+    from .common.align import add_align_parser as add
+
+    add(subparsers)
+
+
+def add_lattice_parsers(subparsers):
+    from .lattice.commands import add_lattice_recall_parser, add_lattice_table_parser
+
+    add_lattice_table_parser(subparsers)
+    add_lattice_recall_parser(subparsers)
+
+
 SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_saliency_parser,
-               add_ngram_precision_parser, add_user_dir_parser]
+               add_ngram_precision_parser, add_align_parser, add_lattice_parsers, add_user_dir_parser]
 
 
 def main(argv=None):

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Sequence-to-lattice translation on Multi30k en->de: tables, training, and the paper's comparisons on our data.
+#
+#   distill  : the baseline transformer (examples/baseline) translates the training source, beam 5; its
+#              outputs become a distilled training set (same dictionaries), binarised in WORK/distill/bin
+#   align    : fairseq-plugins align (systran-align, or ALIGN_BACKEND=fast_align) of each training set
+#   table    : fairseq-plugins lattice-table of each, and lattice-recall on test (paper Fig. 1)
+#   train    : lattice_transformer_multi30k (the baseline's encoder, a Markov scorer) for each SYSTEM:
+#                raw-1      original targets, 1 scorer layer
+#                distill-1  distilled targets, 1 scorer layer (the paper's setting)
+#                distill-2, distill-3   distilled targets, 2 and 3 scorer layers (paper Table 3)
+#   evaluate : fairseq-generate --task lattice_translation on the whole test set, sacreBLEU
+#   bench    : fairseq-plugins bench of each system against the baseline transformer at beam 5 decoded in
+#              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
+#   ks       : the same for distill-1 at each K of KS (paper Table 2)
+#   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
+#
+# Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
+#   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
+#   env: STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (8; EPOCHS_distill_2=4 etc. per
+#        system), WARMUP (400), THREADS (training threads per system, 2), KS ("1 32 64 128"), K (64),
+#        BENCH_LIMIT (200 sentences), BENCH_RUNS (2), DEVICE (cpu), RESULTS (docs/results), ALIGN_BACKEND
+set -euo pipefail
+BASE=${1:-work/baseline}
+WORK=${2:-work/lattice}
+STAGES=${STAGES:-distill align table train evaluate bench ks summary}
+SYSTEMS=${SYSTEMS:-raw-1 distill-1 distill-2 distill-3}
+EPOCHS=${EPOCHS:-8}
+WARMUP=${WARMUP:-400}
+K=${K:-64}
+RESULTS=${RESULTS:-docs/results}
+USER_DIR=$(fairseq-plugins user-dir)
+DATA=$BASE/data
+COMMANDS=$WORK/commands.txt
+mkdir -p "$WORK"
+[[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
+
+# shellcheck source=examples/common.sh
+source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+
+corpus() { echo "${1%-*}"; }                       # raw-1 -> raw, distill-2 -> distill
+layers() { echo "${1#*-}"; }                       # raw-1 -> 1
+data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$WORK/distill/bin"; fi; }
+tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$WORK/distill/tok"; fi; }
+table() { echo "$WORK/$1/table.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
+epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
+corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
+
+if stage distill; then
+  out=$WORK/distill/train.generate.out
+  mkdir -p "$WORK/distill/tok"
+  if [[ ! -f $out ]]; then
+    OMP_NUM_THREADS=${THREADS:-2} record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" \
+      --path "$BASE/checkpoints/checkpoint_best.pt" --source-lang en --target-lang de --gen-subset train \
+      --beam 5 --batch-size 128 --max-len-a 1.2 --max-len-b 10 > "$out.tmp"
+    mv "$out.tmp" "$out"
+  fi
+  # Hypotheses (pieces) in corpus order; the source side and valid/test stay the original ones.
+  grep '^H-' "$out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$WORK/distill/tok/train.de.tmp"
+  [[ $(wc -l < "$WORK/distill/tok/train.de.tmp") == $(wc -l < "$DATA/tok/train.en") ]] || {
+    echo "$out: not one hypothesis per training sentence" >&2; exit 1; }
+  mv "$WORK/distill/tok/train.de.tmp" "$WORK/distill/tok/train.de"
+  for f in train.en valid.en valid.de test.en test.de; do cp "$DATA/tok/$f" "$WORK/distill/tok/$f"; done
+  rm -rf "$WORK/distill/bin"
+  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$WORK/distill/tok/train" \
+    --validpref "$WORK/distill/tok/valid" --testpref "$WORK/distill/tok/test" \
+    --srcdict "$DATA/bin/dict.en.txt" --tgtdict "$DATA/bin/dict.de.txt" --destdir "$WORK/distill/bin" --workers 2
+fi
+
+if stage align; then
+  for c in $(corpora); do
+    mkdir -p "$WORK/$c"
+    record fairseq-plugins align --backend "${ALIGN_BACKEND:-systran}" --source "$(tok_dir "$c")/train.en" \
+      --target "$(tok_dir "$c")/train.de" --output "$WORK/$c/train.align"
+  done
+fi
+
+if stage table; then
+  for c in $(corpora); do
+    record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s en -t de --split train \
+      --alignment "$WORK/$c/train.align" --output "$(table "$c")"
+    record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" -s en -t de \
+      --split test --json "$RESULTS/lattice_recall_$c.json"
+  done
+fi
+
+if stage train; then
+  for system in $SYSTEMS; do
+    c=$(corpus "$system")
+    OMP_NUM_THREADS=${THREADS:-2} record fairseq-train "$(data_bin "$c")" --user-dir "$USER_DIR" \
+      --task lattice_translation --source-lang en --target-lang de \
+      --arch lattice_transformer_multi30k --lattice-scorer-layers "$(layers "$system")" \
+      --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+      --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+      --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+      --max-tokens 4096 --max-epoch "$(epochs "$system")" --seed 1 \
+      --save-dir "$WORK/$system/checkpoints" \
+      --log-format simple --log-interval 50
+  done
+fi
+
+decode_flags() {  # SYSTEM: the task flags that decode it
+  echo "--task lattice_translation --lattice-table $(table "$(corpus "$1")") --lattice-k $K"
+}
+
+if stage evaluate; then
+  # Plain fairseq-generate + sacreBLEU on the whole test set, the way a user would score it; the baseline
+  # transformer at beam 5 scored the same way.
+  mkdir -p "$WORK/baseline"
+  record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --path "$BASE/checkpoints/checkpoint_best.pt" \
+    --source-lang en --target-lang de --gen-subset test --beam 5 --batch-size 64 > "$WORK/baseline/generate.out"
+  for system in baseline $SYSTEMS; do
+    if [[ $system != baseline ]]; then
+      mkdir -p "$WORK/$system"
+      # shellcheck disable=SC2046
+      record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags "$system") \
+        --path "$(checkpoint "$system")" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
+        > "$WORK/$system/generate.out.tmp"
+      mv "$WORK/$system/generate.out.tmp" "$WORK/$system/generate.out"
+    fi
+    fairseq-plugins detok "$DATA" --from-generate --input "$WORK/$system/generate.out" > "$WORK/$system/hyp.de"
+    sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.de" -m bleu > "$WORK/$system/bleu.json"
+    echo "$system: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.de" -m bleu -b)"
+  done
+fi
+
+bench_against_baseline() {  # SYSTEM LABEL JSON [decoding flags...]: one bench row, baseline beam 5 in the same run
+  local system=$1 label=$2 json=$3
+  shift 3
+  # shellcheck disable=SC2046
+  fairseq-plugins bench --method lattice --label "$label" --path "$(checkpoint "$system")" \
+    --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
+    --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 \
+    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$json" --append \
+    $(decode_flags "$system") "$@"
+}
+
+if stage bench; then
+  json=$RESULTS/lattice.json
+  rm -f "$json.tmp"
+  for system in $SYSTEMS; do
+    bench_against_baseline "$system" "$system" "$json.tmp"
+  done
+  # The edge softmax over the whole vocabulary (as in training) instead of over the lattice.
+  bench_against_baseline distill-1 "distill-1 vocab-softmax" "$json.tmp" --lattice-normalize vocab
+  mv "$json.tmp" "$json"
+fi
+
+if stage ks; then
+  json=$RESULTS/lattice_k.json
+  rm -f "$json.tmp"
+  for k in ${KS:-1 32 64 128}; do
+    bench_against_baseline distill-1 "distill-1 K=$k" "$json.tmp" --lattice-k "$k"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage summary; then
+  python "$(dirname "$0")/summarize.py" --work "$WORK" --systems $SYSTEMS --bench "$RESULTS/lattice.json" \
+    --ks "$RESULTS/lattice_k.json" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
+    --out "$RESULTS/lattice_summary"
+fi

@@ -1,0 +1,118 @@
+"""Collect examples/lattice/run.sh's measurements into one summary (the paper's comparisons on our data).
+
+Reads WORK/<system>/bleu.json (sacreBLEU on the whole test set; WORK/baseline/bleu.json is the baseline
+transformer at beam 5), the bench results of stages bench and ks (each row against the baseline
+transformer at beam 5 decoded in the same run), the lattice-recall JSONs and WORK/commands.txt.
+Writes OUT.json and OUT.md.
+"""
+
+import argparse
+import json
+import os
+
+from fairseq_plugins.bench import report
+from fairseq_plugins.common.textio import atomic_output
+
+PHASES = ("encoder", "lattice", "scoring", "viterbi")
+
+
+def bench_row(r):
+    stats = r["stats"]
+    row = {
+        "label": r["label"],
+        "bench_bleu": r["bleu"], "bench_baseline_bleu": r["baseline"]["bleu"],
+        "latency_ms_p50": round(r["latency_ms_p50"], 2), "baseline_latency_ms_p50": round(r["baseline"]["latency_ms_p50"], 2),
+        "latency_speedup": round(r["baseline"]["latency_ms_p50"] / r["latency_ms_p50"], 2),
+        "sentences_per_s_ratio": round(r["ratios"]["sentences_per_s"], 2),
+        "lattice_recall": round(stats.get("lattice_recall", float("nan")), 4),
+        "k": stats.get("k"), "normalization": stats.get("normalization"), "scorer_layers": stats.get("scorer_layers"),
+    }
+    row.update({f"{phase}_ms": round(stats[f"{phase}_ms_per_sentence"], 2) for phase in PHASES})
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--systems", nargs="+", required=True)
+    p.add_argument("--bench", required=True, help="bench JSON of stage bench")
+    p.add_argument("--ks", help="bench JSON of stage ks")
+    p.add_argument("--recall", nargs="*", default=[], help="lattice-recall JSONs")
+    p.add_argument("--commands", required=True)
+    p.add_argument("--out", required=True, help="output path without extension")
+    args = p.parse_args()
+
+    def bleu_of(system):
+        with open(os.path.join(args.work, system, "bleu.json"), encoding="utf-8") as f:
+            return json.load(f)["score"]
+
+    baseline_bleu = bleu_of("baseline")
+    benches = {r["label"]: r for r in report.load_results(args.bench)}
+    systems = []
+    for system in args.systems:
+        row = {"system": system, "training_targets": "distilled" if system.startswith("distill") else "original",
+               "bleu": bleu_of(system)}
+        row["bleu_gap_vs_baseline_beam5"] = round(baseline_bleu - row["bleu"], 2)
+        if system in benches:
+            row.update(bench_row(benches[system]))
+        systems.append(row)
+    extra = [bench_row(r) for label, r in benches.items() if label not in args.systems]
+    ks = [bench_row(r) for r in report.load_results(args.ks)] if args.ks and os.path.exists(args.ks) else []
+    recall = {}
+    for path in args.recall:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        recall[os.path.basename(path)[len("lattice_recall_"):-len(".json")]] = data["recall"]
+
+    any_bench = next(iter(benches.values()))
+    result = {
+        "method": "sequence-to-lattice (2021) on Multi30k en->de test_2016_flickr",
+        "baseline": "examples/baseline transformer (3+3 layers, 256-d), beam 5",
+        "baseline_bleu_beam5": baseline_bleu,
+        "bleu_from": "fairseq-generate --batch-size 64 on the whole test set (lattice: --task lattice_translation), "
+                     "detokenised, sacreBLEU",
+        "latency_from": f"fairseq-plugins bench: first {any_bench['sentences']} test sentences, batch 1, "
+                        f"{any_bench['threads']} thread(s), median of {any_bench['runs']} runs, lattice decoding and "
+                        "the baseline at beam 5 alternating in the same process (bench_bleu: those sentences only)",
+        "device": any_bench["device"],
+        "systems": systems,
+        "other_settings": extra,
+        "k_sweep": ks,
+        "lattice_recall_test": recall,
+        "commands": report.read_provenance([args.commands]),
+    }
+    with atomic_output(args.out + ".json") as f:
+        json.dump(result, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+    lines = [f"# Sequence-to-lattice on Multi30k en->de ({result['device']})", "",
+             f"Baseline transformer, beam 5: BLEU {baseline_bleu:.1f} (whole test set). {result['latency_from']}.", "",
+             "| system | targets | layers | BLEU | gap | latency ms | baseline ms | speedup | recall | "
+             "encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in systems:
+        lines.append(f"| {row['system']} | {row['training_targets']} | {row.get('scorer_layers', '')} | {row['bleu']:.1f} | "
+                     f"{row['bleu_gap_vs_baseline_beam5']:.1f} | {row.get('latency_ms_p50', '')} | "
+                     f"{row.get('baseline_latency_ms_p50', '')} | x{row.get('latency_speedup', '')} | "
+                     f"{row.get('lattice_recall', '')} | " + " / ".join(str(row.get(f'{p}_ms', '')) for p in PHASES) + " |")
+    for title, rows in (("Other settings", extra), ("K (distill-1)", ks)):
+        if not rows:
+            continue
+        lines += ["", f"## {title}", "", "| setting | bench BLEU | baseline bench BLEU | latency ms | baseline ms | "
+                  "speedup | recall | encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|"]
+        for row in rows:
+            lines.append(f"| {row['label']} | {row['bench_bleu']:.1f} | {row['bench_baseline_bleu']:.1f} | "
+                         f"{row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | x{row['latency_speedup']} | "
+                         f"{row['lattice_recall']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
+    if recall:
+        ks_recall = sorted({int(k) for r in recall.values() for k in r})
+        lines += ["", "## Lattice recall on test (reference length; paper Fig. 1)", "",
+                  "| table | " + " | ".join(f"K={k}" for k in ks_recall) + " |", "|---|" + "---|" * len(ks_recall)]
+        for name, r in recall.items():
+            lines.append(f"| {name} | " + " | ".join(f"{r[str(k)]:.3f}" for k in ks_recall) + " |")
+    lines += ["", "Commands:", "", "```"] + result["commands"] + ["```", ""]
+    with atomic_output(args.out + ".md") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

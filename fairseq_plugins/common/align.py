@@ -1,0 +1,178 @@
+"""Word alignment of a tokenised parallel corpus (registers nothing): ``fairseq-plugins align``.
+
+Two backends write the same Pharaoh ``i-j`` lines (source position i, target position j, 0-based):
+
+- ``systran`` (default): systran-align, the fast_align library in a pip wheel. It trains fast_align's
+  forward and reverse models (diagonal tension 4) and symmetrises with grow-diag-final-and, as the
+  command-line recipe below does; nothing to build.
+- ``fast_align``: a user-built fast_align driven by subprocess, the recipe of its README: forward
+  ``-d -o -v``, reverse ``-d -o -v -r``, ``atools -c grow-diag-final-and``; ``--lexical-table`` keeps the
+  forward model's ``-p`` table. ``OMP_NUM_THREADS=1`` makes its output reproducible.
+"""
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from .textio import InputError, atomic_output, read_parallel
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("systran", "fast_align")
+Alignment = List[Tuple[int, int]]
+
+
+def add_align_parser(subparsers):
+    p = subparsers.add_parser("align", help="word-align a tokenised parallel corpus (Pharaoh i-j lines)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--source", required=True, help="tokenised source text, one sentence per line")
+    p.add_argument("--target", required=True, help="tokenised target text, same number of lines")
+    p.add_argument("--output", required=True, help="write the alignments here, one line per sentence pair")
+    p.add_argument("--backend", choices=BACKENDS, default="systran",
+                   help="systran: the pip wheel (default); fast_align: a user-built binary by subprocess")
+    p.add_argument("--fast-align", default=None,
+                   help="fast_align binary (default: $FAST_ALIGN, then fast_align on PATH)")
+    p.add_argument("--atools", default=None,
+                   help="atools binary (default: $ATOOLS, then atools beside fast_align, then PATH)")
+    p.add_argument("--lexical-table", default=None,
+                   help="fast_align backend: also write the forward model's lexical table (its -p output)")
+    p.add_argument("--iterations", type=int, default=5, help="EM iterations of each direction")
+    p.set_defaults(run=_run_align)
+
+
+def _run_align(args, argv=None) -> None:
+    if args.lexical_table and args.backend != "fast_align":
+        raise InputError("--lexical-table: only the fast_align backend writes fast_align's -p table")
+    alignments = align_corpus(args.source, args.target, backend=args.backend, fast_align=args.fast_align,
+                              atools=args.atools, lexical_table=args.lexical_table, iterations=args.iterations)
+    write_pharaoh(args.output, alignments)
+    links = sum(len(a) for a in alignments)
+    logger.info("%s: %d sentence pairs, %d links (%s backend)", args.output, len(alignments), links, args.backend)
+
+
+def align_corpus(source_path: str, target_path: str, backend: str = "systran", fast_align: Optional[str] = None,
+                 atools: Optional[str] = None, lexical_table: Optional[str] = None,
+                 iterations: int = 5) -> List[Alignment]:
+    """Symmetrised (grow-diag-final-and) alignments of every sentence pair, as sorted (source, target) pairs."""
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    # read_parallel rejects empty lines and mismatched line counts, naming the file and line.
+    source, target = read_parallel(source_path, target_path)
+    for path, lines in ((source_path, source), (target_path, target)):
+        for number, line in enumerate(lines, start=1):
+            if "|||" in line.split():
+                raise InputError(f"{path}:{number}: the token '|||' separates source and target in the "
+                                 "aligner's input and cannot appear in a sentence")
+    with _scratch_dir() as scratch:
+        corpus = os.path.join(scratch, "corpus.txt")
+        with open(corpus, "w", encoding="utf-8") as f:
+            for src, tgt in zip(source, target):
+                f.write(f"{' '.join(src.split())} ||| {' '.join(tgt.split())}\n")
+        if backend == "systran":
+            return _align_systran(corpus, source, target, scratch, iterations)
+        return _align_fast_align(corpus, len(source), scratch, fast_align, atools, lexical_table, iterations)
+
+
+def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], scratch: str,
+                   iterations: int) -> List[Alignment]:
+    try:
+        import systran_align
+    except ImportError as e:
+        raise InputError("--backend systran needs the systran-align wheel (pip install systran-align==3.5.0, "
+                         "Linux x86_64, Python < 3.12); or use --backend fast_align with a built fast_align") from e
+    forward, backward = os.path.join(scratch, "forward.probs"), os.path.join(scratch, "backward.probs")
+    systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
+    aligner = systran_align.Aligner(forward, backward)
+    alignments = []
+    chunk = 10000
+    for start in range(0, len(source), chunk):
+        results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
+                                      [t.split() for t in target[start:start + chunk]])
+        alignments.extend(sorted(set(r["alignments"])) for r in results)
+    return alignments
+
+
+def find_binary(explicit: Optional[str], env_var: str, name: str, beside: Optional[str] = None) -> str:
+    """The binary given by flag, else by environment variable, else next to ``beside``, else on PATH."""
+    for candidate, origin in ((explicit, f"--{name.replace('_', '-')}"), (os.environ.get(env_var), f"${env_var}")):
+        if candidate:
+            if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+                raise InputError(f"{origin}={candidate}: not an executable file")
+            return candidate
+    if beside:
+        sibling = os.path.join(os.path.dirname(beside), name)
+        if os.path.isfile(sibling) and os.access(sibling, os.X_OK):
+            return sibling
+    found = shutil.which(name)
+    if not found:
+        raise InputError(f"{name}: not found (give --{name.replace('_', '-')} PATH, set ${env_var}, or put it on "
+                         "PATH; build it from https://github.com/clab/fast_align), or use --backend systran")
+    return found
+
+
+def _align_fast_align(corpus: str, pairs: int, scratch: str, fast_align: Optional[str], atools: Optional[str],
+                      lexical_table: Optional[str], iterations: int) -> List[Alignment]:
+    binary = find_binary(fast_align, "FAST_ALIGN", "fast_align")
+    atools_binary = find_binary(atools, "ATOOLS", "atools", beside=binary)
+    forward, reverse = os.path.join(scratch, "forward.align"), os.path.join(scratch, "reverse.align")
+    common = [binary, "-i", corpus, "-d", "-o", "-v", "-I", str(iterations)]
+    table = os.path.join(scratch, "forward.table")
+    _run_tool(common + ["-p", table], forward)
+    _run_tool(common + ["-r"], reverse)
+    symmetrised = os.path.join(scratch, "symmetrised.align")
+    _run_tool([atools_binary, "-i", forward, "-j", reverse, "-c", "grow-diag-final-and"], symmetrised)
+    if lexical_table:
+        with open(table, encoding="utf-8") as f, atomic_output(lexical_table) as out:
+            shutil.copyfileobj(f, out)
+    alignments = read_pharaoh(symmetrised)
+    if len(alignments) != pairs:
+        raise RuntimeError(f"atools wrote {len(alignments)} alignment lines for {pairs} sentence pairs")
+    return alignments
+
+
+def _run_tool(command: List[str], stdout_path: str) -> None:
+    """Run an aligner tool single-threaded (reproducible), stdout to a file; stderr only when it fails."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with open(stdout_path, "w", encoding="utf-8") as out:
+        result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, env=env, text=True)
+    # fast_align reports its progress and perplexities on stderr: keep it out of the log unless it failed.
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise RuntimeError(f"{' '.join(command)} exited with status {result.returncode}:\n{tail}")
+
+
+def parse_pharaoh_line(line: str, where: str) -> Alignment:
+    links = []
+    for link in line.split():
+        i, sep, j = link.partition("-")
+        if not sep or not i.isdigit() or not j.isdigit():
+            raise InputError(f"{where}: '{link}' is not a Pharaoh link i-j")
+        links.append((int(i), int(j)))
+    return links
+
+
+def read_pharaoh(path: str) -> List[Alignment]:
+    """Alignments, one (possibly empty) line per sentence pair."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        return [parse_pharaoh_line(line, f"{path}:{number}") for number, line in enumerate(f, start=1)]
+
+
+def write_pharaoh(path: str, alignments: Sequence[Alignment]) -> None:
+    with atomic_output(path) as f:
+        for links in alignments:
+            f.write(" ".join(f"{i}-{j}" for i, j in links) + "\n")
+
+
+@contextlib.contextmanager
+def _scratch_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="fairseq-plugins-align.")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

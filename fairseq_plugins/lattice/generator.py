@@ -1,0 +1,214 @@
+"""LatticeGenerator: encoder, lattice, parallel scoring, Viterbi; no left-to-right loop over the model.
+
+Per batch, with |x| the source length and L = round(slope * |x| + intercept) the table's length estimate:
+  1. encoder    one call of the model's encoder;
+  2. lattice    the top-K tokens of P(y_t | x, t) at t = 1 .. L + dL + 1 from the candidate table;
+  3. scoring    one call of the scorer on every (position, state) row: the log-probability of each of the
+                K candidates of position t, and of ending (EOS), given the state of the positions before;
+                normalised over the lattice (K candidates + EOS, the default) or over the vocabulary;
+  4. Viterbi    the best path of every length L - dL .. L + dL at once, then fairseq's length normalisation.
+Phase times, decoder calls and the lattice recall of the references (when the batch has them) are kept
+for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
+"""
+
+import logging
+import time
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from ..common.generation import MethodGenerator
+from .ibm2 import CandidateTable
+from .viterbi import viterbi
+
+logger = logging.getLogger(__name__)
+
+NORMALIZATIONS = ("lattice", "vocab")
+PHASES = ("encoder", "lattice", "scoring", "viterbi")
+
+
+class LatticeGenerator(MethodGenerator):
+    method_name = "lattice"
+
+    def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
+                 normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
+                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1):
+        if len(models) != 1:
+            raise ValueError("lattice decoding takes one model (no ensembles)")
+        if k < 1:
+            raise ValueError(f"--lattice-k {k}: needs at least one candidate per position")
+        if length_delta < 0:
+            raise ValueError(f"--lattice-length-delta {length_delta}: must be >= 0")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"--lattice-normalize {normalization}: choose one of {', '.join(NORMALIZATIONS)}")
+        self.model = models[0]
+        self.scorer = self.model.decoder
+        self.order = self.scorer.markov_order
+        self.tgt_dict = tgt_dict
+        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
+        self.vocab_size = len(tgt_dict)
+        self.k = min(k, self.vocab_size)
+        self.excluded = sorted({tgt_dict.pad(), tgt_dict.bos(), tgt_dict.eos()})
+        self.table = table
+        self.length_delta = length_delta
+        self.normalization = normalization
+        self.nbest, self.lenpen, self.normalize_scores = nbest, lenpen, normalize_scores
+        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, max(1, min_len)
+        self.reset_generation_stats()
+
+    # ---- statistics --------------------------------------------------------------------------------
+    def reset_generation_stats(self) -> None:
+        self._stats = {f"{phase}_seconds": 0.0 for phase in PHASES}
+        self._stats.update(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
+                           lattice_positions=0)
+
+    def generation_stats(self) -> Dict:
+        stats = dict(self._stats)
+        if stats["reference_tokens"]:
+            stats["lattice_recall"] = stats["reference_tokens_in_lattice"] / stats["reference_tokens"]
+        if stats["sentences"]:
+            for phase in PHASES:
+                stats[f"{phase}_ms_per_sentence"] = 1000 * stats[f"{phase}_seconds"] / stats["sentences"]
+        stats.update(k=self.k, length_delta=self.length_delta, normalization=self.normalization,
+                     markov_order=self.order, scorer_layers=len(self.scorer.layers))
+        return stats
+
+    def _log_summary(self) -> None:
+        stats = self.generation_stats()
+        if not stats["sentences"]:
+            return
+        phases = ", ".join(f"{phase} {stats[f'{phase}_ms_per_sentence']:.2f}" for phase in PHASES)
+        recall = f"; lattice recall of the references {stats['lattice_recall']:.3f}" if "lattice_recall" in stats else ""
+        logger.info("lattice decoding: %d sentences, K=%d, lengths L+-%d; ms per sentence: %s%s", stats["sentences"],
+                    self.k, self.length_delta, phases, recall)
+
+    def _tick(self, phase: str, start: float, device: torch.device) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        self._stats[f"{phase}_seconds"] += now - start
+        return now
+
+    # ---- decoding ----------------------------------------------------------------------------------
+    def _source_content(self, src_tokens: Tensor):
+        """Right-padded source tokens without EOS (fairseq may left-pad), and their lengths."""
+        keep = src_tokens.ne(self.pad) & src_tokens.ne(self.eos)
+        lengths = keep.sum(dim=1)
+        # Stable sort moves the kept tokens to the front in their order.
+        order = (~keep).to(torch.int8).argsort(dim=1, stable=True)
+        content = src_tokens.gather(1, order)[:, :max(int(lengths.max()), 1)]
+        width = torch.arange(content.size(1), device=content.device).unsqueeze(0)
+        return content.masked_fill(width >= lengths.unsqueeze(1), self.pad), lengths
+
+    def _length_ranges(self, source_lengths: Tensor):
+        estimate = self.table.predicted_lengths(source_lengths)
+        cap = torch.full_like(estimate, self.scorer.max_positions() - 1)
+        cap = torch.minimum(cap, (self.max_len_a * source_lengths.double() + self.max_len_b).long()).clamp(min=1)
+        shortest = torch.minimum((estimate - self.length_delta).clamp(min=self.min_len), cap)
+        longest = torch.minimum(estimate + self.length_delta, cap)
+        return estimate, shortest, longest
+
+    def _states(self, lattice_tokens: Tensor, lattice_valid: Tensor, positions: int):
+        """Tokens, positions and validity of every (position t = 1..positions + 1, state) row: the scorer's
+        input windows. Positions before the first hold BOS (index 0 at position 0) and padding."""
+        batch, _, k = lattice_tokens.shape
+        order = self.order
+        device = lattice_tokens.device
+        start_tokens = torch.full((batch, order, k), self.pad, dtype=torch.long, device=device)
+        start_tokens[:, -1, 0] = self.eos  # fairseq's BOS for the target side
+        start_valid = torch.zeros(batch, order, k, dtype=torch.bool, device=device)
+        start_valid[:, :, 0] = True
+        tokens = torch.cat([start_tokens, lattice_tokens[:, :positions]], dim=1)  # positions 1-order .. positions
+        valid = torch.cat([start_valid, lattice_valid[:, :positions]], dim=1)
+        states = k ** order
+        state_ids = torch.arange(states, device=device)
+        window_tokens, window_valid = [], []
+        for j in range(order):
+            digit = (state_ids // k ** (order - 1 - j)) % k
+            # Row t (1-based) of digit j reads position t - order + j, i.e. index t - 1 + j of `tokens`.
+            span = slice(j, j + positions + 1)
+            window_tokens.append(tokens[:, span].index_select(2, digit))
+            window_valid.append(valid[:, span].index_select(2, digit))
+        window_tokens = torch.stack(window_tokens, dim=-1)  # (batch, positions + 1, states, order)
+        state_valid = torch.stack(window_valid, dim=-1).all(dim=-1)
+        t = torch.arange(1, positions + 2, device=device).view(-1, 1)
+        window_positions = (t - order + torch.arange(order, device=device).view(1, -1) + 1).clamp(min=0)
+        window_positions = window_positions.view(1, positions + 1, 1, order).expand_as(window_tokens)
+        return window_tokens, window_positions, state_valid
+
+    def _edge_scores(self, features: Tensor, next_tokens: Tensor, next_valid: Tensor):
+        """Log-probabilities of the next position's candidates and of EOS for every row."""
+        logits = self.scorer.candidate_logits(features, next_tokens).float()  # (batch, P + 1, states, K)
+        logits = logits.masked_fill(~next_valid.unsqueeze(2), float("-inf"))
+        eos_weight = self.scorer.output_projection.weight[self.eos]
+        eos_logits = torch.matmul(features, eos_weight).float()  # (batch, P + 1, states)
+        if self.normalization == "vocab":
+            normalizer = self.scorer.full_log_normalizer(features)
+        else:
+            normalizer = torch.logaddexp(torch.logsumexp(logits, dim=-1), eos_logits)
+        return logits - normalizer.unsqueeze(-1), eos_logits - normalizer
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        self._begin_generate(prefix_tokens, constraints)
+        model = self.model
+        model.eval()
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        device = src_tokens.device
+        started = time.perf_counter()
+        encoder_out = model.encoder.forward_torchscript(net_input)
+        started = self._tick("encoder", started, device)
+
+        source, source_lengths = self._source_content(src_tokens)
+        estimate, shortest, longest = self._length_ranges(source_lengths)
+        positions = int(longest.max())
+        # One position more than the longest path: its candidates normalise the final EOS like any other.
+        lattice_tokens, lattice_probs = self.table.lattice(source, source_lengths, estimate, positions + 1, self.k,
+                                                           self.vocab_size, self.excluded)
+        lattice_valid = lattice_probs > 0
+        started = self._tick("lattice", started, device)
+
+        window_tokens, window_positions, state_valid = self._states(lattice_tokens, lattice_valid, positions)
+        batch, rows, states, order = window_tokens.shape
+        features = self.scorer.window_features(window_tokens.view(batch, rows * states, order),
+                                               window_positions.reshape(batch, rows * states, order), encoder_out)
+        features = features.view(batch, rows, states, -1)
+        candidate_scores, eos_scores = self._edge_scores(features, lattice_tokens[:, :rows], lattice_valid[:, :rows])
+        impossible = ~state_valid
+        transitions = candidate_scores[:, :positions].masked_fill(impossible[:, :positions].unsqueeze(-1), float("-inf"))
+        ends = eos_scores.masked_fill(impossible, float("-inf"))
+        self._stats["decoder_calls"] += 1
+        started = self._tick("scoring", started, device)
+
+        lengths = torch.arange(positions + 1, device=device).unsqueeze(0)
+        allowed = (lengths >= shortest.unsqueeze(1)) & (lengths <= longest.unsqueeze(1))
+        paths = viterbi(transitions, ends, allowed, self.k, order, lenpen=self.lenpen,
+                        normalize=self.normalize_scores, nbest=self.nbest)
+        hypotheses = []
+        for b, sentence_paths in enumerate(paths):
+            hypotheses.append([self._hypothesis(lattice_tokens[b], path) for path in sentence_paths])
+        self._tick("viterbi", started, device)
+
+        self._stats["sentences"] += batch
+        self._stats["batches"] += 1
+        self._stats["lattice_positions"] += int(longest.sum())
+        if sample.get("target") is not None:
+            self._count_recall(sample["target"], lattice_tokens, lattice_valid)
+        return hypotheses
+
+    def _hypothesis(self, lattice_tokens: Tensor, path) -> Dict:
+        positions = torch.arange(path.length, device=lattice_tokens.device)
+        tokens = lattice_tokens[positions, path.indices.to(lattice_tokens.device)]
+        tokens = torch.cat([tokens, tokens.new_tensor([self.eos])])
+        return {"tokens": tokens, "score": path.score, "positional_scores": path.scores.to(lattice_tokens.device),
+                "attention": None, "alignment": None}
+
+    def _count_recall(self, target: Tensor, lattice_tokens: Tensor, lattice_valid: Tensor) -> None:
+        """Reference tokens found among their position's candidates (the lattice's ceiling on quality)."""
+        real = target.ne(self.pad) & target.ne(self.eos)
+        width = min(target.size(1), lattice_tokens.size(1))
+        present = ((lattice_tokens[:, :width] == target[:, :width].unsqueeze(-1)) & lattice_valid[:, :width]).any(-1)
+        self._stats["reference_tokens"] += int(real.sum())
+        self._stats["reference_tokens_in_lattice"] += int((present & real[:, :width]).sum())

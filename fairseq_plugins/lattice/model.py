@@ -1,0 +1,254 @@
+"""``lattice_transformer``: a fairseq transformer encoder and a Markov lattice scorer in place of the decoder.
+
+The scorer gives P(y_t | y_{t-order}..y_{t-1}, t, x): its input for target position t is the window of the
+``--lattice-markov-order`` previous tokens (1: y_{t-1} alone, the paper's first-order model; 2: also
+y_{t-2}), each embedded with its own position; ``--lattice-scorer-layers`` layers of self-attention inside
+that window (causal), cross-attention to the encoder memory, and a feed-forward block; then fairseq's
+output projection. Nothing outside the window reaches position t, so the scorer is a Markov model and can
+score every edge of a lattice at once: one row per (position, previous-token state), no recurrence.
+
+Training (``forward``) builds the windows from ``prev_output_tokens`` and returns full-vocabulary logits,
+so fairseq's stock criterions (label-smoothed cross entropy) train it through fairseq-train.
+``score_lattice`` is what the generator calls: scores of the K candidates of position t for every state of
+the candidates before it.
+"""
+
+import logging
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq import utils
+from fairseq.models import FairseqDecoder, register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
+
+from ..baseline.model import _default, baseline_transformer_multi30k, baseline_transformer_tiny
+
+logger = logging.getLogger(__name__)
+
+MARKOV_ORDERS = (1, 2)
+
+
+class MarkovScorerLayer(nn.Module):
+    """One scorer block: self-attention inside each row's window, cross-attention, feed-forward.
+
+    Rows are independent: ``x`` is (batch, rows, window, dim); the rows of a sentence share its encoder memory.
+    """
+
+    def __init__(self, embed_dim: int, ffn_dim: int, heads: int, encoder_dim: int, dropout: float,
+                 attention_dropout: float, activation_dropout: float, activation_fn: str, normalize_before: bool):
+        super().__init__()
+        self.self_attn = MultiheadAttention(embed_dim, heads, dropout=attention_dropout, self_attention=True)
+        self.encoder_attn = MultiheadAttention(embed_dim, heads, kdim=encoder_dim, vdim=encoder_dim,
+                                               dropout=attention_dropout, encoder_decoder_attention=True)
+        self.self_attn_layer_norm = LayerNorm(embed_dim)
+        self.encoder_attn_layer_norm = LayerNorm(embed_dim)
+        self.final_layer_norm = LayerNorm(embed_dim)
+        self.fc1 = nn.Linear(embed_dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, embed_dim)
+        self.activation_fn = utils.get_activation_fn(activation_fn)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.activation_dropout = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+        self.normalize_before = normalize_before
+
+    def _residual(self, x: Tensor, sublayer, layer_norm: LayerNorm) -> Tensor:
+        # fairseq's transformer layers: post-norm by default, pre-norm with --decoder-normalize-before.
+        y = sublayer(layer_norm(x) if self.normalize_before else x)
+        x = x + self.dropout(y)
+        return x if self.normalize_before else layer_norm(x)
+
+    def _window_self_attention(self, x: Tensor, window_mask: Optional[Tensor]) -> Tensor:
+        batch, rows, window, dim = x.shape
+        if window == 1:
+            # One key: the attention weight is 1, so attention is out_proj(v_proj(x)); skipping q, k and the
+            # softmax is exact (and most of a first-order scorer's self-attention cost).
+            return self.self_attn.out_proj(self.self_attn.v_proj(x))
+        flat = x.reshape(batch * rows, window, dim).transpose(0, 1)
+        y, _ = self.self_attn(flat, flat, flat, attn_mask=window_mask, need_weights=False)
+        return y.transpose(0, 1).reshape(batch, rows, window, dim)
+
+    def _encoder_attention(self, x: Tensor, encoder_out: Tensor, encoder_padding_mask: Optional[Tensor]) -> Tensor:
+        batch, rows, window, dim = x.shape
+        query = x.reshape(batch, rows * window, dim).transpose(0, 1)
+        y, _ = self.encoder_attn(query, encoder_out, encoder_out, key_padding_mask=encoder_padding_mask,
+                                 static_kv=True, need_weights=False)
+        return y.transpose(0, 1).reshape(batch, rows, window, dim)
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout(self.activation_fn(self.fc1(x))))
+
+    def forward(self, x: Tensor, window_mask: Optional[Tensor], encoder_out: Tensor,
+                encoder_padding_mask: Optional[Tensor], last_only: bool = False) -> Tensor:
+        x = self._residual(x, lambda h: self._window_self_attention(h, window_mask), self.self_attn_layer_norm)
+        if last_only:
+            # Only the window's last element is scored; earlier ones mattered only as keys above.
+            x = x[:, :, -1:]
+        x = self._residual(x, lambda h: self._encoder_attention(h, encoder_out, encoder_padding_mask),
+                           self.encoder_attn_layer_norm)
+        return self._residual(x, self._feed_forward, self.final_layer_norm)
+
+
+class LatticeScorer(FairseqDecoder):
+    """The Markov scorer (the model's decoder): window of previous tokens + position -> next-token logits."""
+
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        self.markov_order = int(args.lattice_markov_order)
+        if self.markov_order not in MARKOV_ORDERS:
+            raise ValueError(f"--lattice-markov-order {self.markov_order}: choose one of {MARKOV_ORDERS}")
+        if args.lattice_scorer_layers < 1:
+            raise ValueError(f"--lattice-scorer-layers {args.lattice_scorer_layers}: needs at least 1 layer")
+        embed_dim = args.decoder_embed_dim
+        if embed_tokens.embedding_dim != embed_dim:
+            raise ValueError(f"--decoder-embed-dim {embed_dim} differs from the target embeddings' "
+                             f"{embed_tokens.embedding_dim}")
+        self.padding_idx = dictionary.pad()
+        self.eos_idx = dictionary.eos()
+        self.embed_tokens = embed_tokens
+        self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(embed_dim)
+        # Position t (1-based target position) at index t; explicit indices, since lattice rows are not
+        # left-to-right sequences.
+        self.max_target_positions = args.max_target_positions
+        self.embed_positions = nn.Embedding(args.max_target_positions + 2, embed_dim)
+        nn.init.normal_(self.embed_positions.weight, mean=0, std=embed_dim ** -0.5)
+        self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        self.layers = nn.ModuleList(
+            MarkovScorerLayer(embed_dim, args.lattice_scorer_ffn_dim, args.decoder_attention_heads,
+                              args.encoder_embed_dim, args.dropout, args.attention_dropout,
+                              args.activation_dropout, args.activation_fn, args.decoder_normalize_before)
+            for _ in range(args.lattice_scorer_layers)
+        )
+        self.layer_norm = LayerNorm(embed_dim) if args.decoder_normalize_before else None
+        self.output_projection = nn.Linear(embed_dim, len(dictionary), bias=False)
+        if args.share_decoder_input_output_embed or args.share_all_embeddings:
+            self.output_projection.weight = self.embed_tokens.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, mean=0, std=embed_dim ** -0.5)
+
+    def max_positions(self):
+        return self.max_target_positions
+
+    # ---- hidden states of windows -------------------------------------------------------------------
+    def _window_mask(self, window_tokens: Tensor) -> Optional[Tensor]:
+        """Additive (rows x heads, window, window) mask: causal, padding keys hidden, each element sees itself."""
+        window = window_tokens.size(-1)
+        if window == 1:
+            return None
+        flat = window_tokens.reshape(-1, window)
+        causal = torch.ones(window, window, dtype=torch.bool, device=flat.device).tril()
+        eye = torch.eye(window, dtype=torch.bool, device=flat.device)
+        # A padding element (before the sentence start) still attends to itself, so no row is all -inf.
+        allowed = causal & ((flat != self.padding_idx).unsqueeze(1) | eye)
+        heads = self.layers[0].self_attn.num_heads
+        mask = torch.zeros(allowed.shape, device=flat.device).masked_fill(~allowed, float("-inf"))
+        return mask.repeat_interleave(heads, dim=0)
+
+    def window_features(self, window_tokens: Tensor, window_positions: Tensor, encoder_out: Dict) -> Tensor:
+        """(batch, rows, window) tokens at (batch, rows, window) positions -> (batch, rows, dim) features of
+        each row's last element."""
+        x = self.embed_scale * self.embed_tokens(window_tokens) + self.embed_positions(window_positions)
+        x = self.dropout_module(x)
+        memory = encoder_out["encoder_out"][0]
+        memory_padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        window_mask = self._window_mask(window_tokens)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, window_mask, memory, memory_padding, last_only=index == len(self.layers) - 1)
+        x = x[:, :, -1]
+        return self.layer_norm(x) if self.layer_norm is not None else x
+
+    # ---- training: the windows of prev_output_tokens ------------------------------------------------
+    def training_windows(self, prev_output_tokens: Tensor):
+        """Row t holds prev_output_tokens[t - order + 1 .. t] at positions t - order + 2 .. t + 1."""
+        batch, length = prev_output_tokens.shape
+        order = self.markov_order
+        padded = F.pad(prev_output_tokens, (order - 1, 0), value=self.padding_idx)
+        tokens = padded.unfold(1, order, 1)  # (batch, length, order)
+        positions = torch.arange(length, device=prev_output_tokens.device).unsqueeze(1) + \
+            torch.arange(2 - order, 2, device=prev_output_tokens.device).unsqueeze(0)
+        positions = positions.clamp(min=0).unsqueeze(0).expand(batch, -1, -1)
+        return tokens, positions
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        if incremental_state is not None:
+            raise ValueError("lattice_transformer scores lattices in parallel and has no incremental decoding: "
+                             "decode it with --task lattice_translation")
+        features = self.extract_features(prev_output_tokens, encoder_out)
+        return self.output_layer(features), {"attn": [None], "inner_states": None}
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, **kwargs):
+        tokens, positions = self.training_windows(prev_output_tokens)
+        return self.window_features(tokens, positions, encoder_out)
+
+    def output_layer(self, features):
+        return self.output_projection(features)
+
+    # ---- inference: edge scores of a lattice ----------------------------------------------------------
+    def candidate_logits(self, features: Tensor, candidates: Tensor) -> Tensor:
+        """(batch, positions, states, dim) features x (batch, positions, K) candidates -> logits of each
+        candidate, (batch, positions, states, K): the output projection restricted to the lattice."""
+        weights = self.output_projection.weight[candidates]  # (batch, positions, K, dim)
+        return torch.matmul(features, weights.transpose(-1, -2))
+
+    def full_log_normalizer(self, features: Tensor, rows_per_chunk: int = 4096) -> Tensor:
+        """log sum_v exp(logit_v) over the whole vocabulary (a softmax's normaliser), per row; in chunks of
+        rows, since all rows' logits at once would be rows x vocabulary floats."""
+        flat = features.reshape(-1, features.size(-1))
+        parts = [torch.logsumexp(self.output_layer(chunk).float(), dim=-1) for chunk in flat.split(rows_per_chunk)]
+        return torch.cat(parts).view(features.shape[:-1])
+
+
+@register_model("lattice_transformer")
+class LatticeTransformerModel(TransformerModel):
+    """Transformer encoder + Markov lattice scorer; train it with fairseq-train (any task whose batches have
+    prev_output_tokens, e.g. ``translation``) and decode it with ``--task lattice_translation``."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        parser.add_argument("--lattice-scorer-layers", type=int, metavar="N",
+                            help="layers of the lattice scorer (the paper: 1)")
+        parser.add_argument("--lattice-scorer-ffn-dim", type=int, metavar="N",
+                            help="feed-forward dimension of the scorer layers (default: --decoder-ffn-embed-dim)")
+        parser.add_argument("--lattice-markov-order", type=int, metavar="N",
+                            help="previous target tokens the scorer sees: 1 (first-order, the paper) or 2; "
+                                 "decoding keeps K^order states per position")
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return LatticeScorer(args, tgt_dict, embed_tokens)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out)
+
+
+def _lattice_defaults(args):
+    _default(args, "lattice_scorer_layers", 1)
+    _default(args, "lattice_markov_order", 1)
+
+
+@register_model_architecture("lattice_transformer", "lattice_transformer")
+def lattice_transformer(args):
+    """Transformer base encoder (6 layers, 512-d) and a one-layer first-order scorer."""
+    _lattice_defaults(args)
+    base_architecture(args)
+    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
+
+
+@register_model_architecture("lattice_transformer", "lattice_transformer_multi30k")
+def lattice_transformer_multi30k(args):
+    """The baseline's encoder (3 layers, 256-d, shared embeddings) and a one-layer first-order scorer."""
+    _lattice_defaults(args)
+    baseline_transformer_multi30k(args)
+    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
+
+
+@register_model_architecture("lattice_transformer", "lattice_transformer_tiny")
+def lattice_transformer_tiny(args):
+    _lattice_defaults(args)
+    baseline_transformer_tiny(args)
+    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)

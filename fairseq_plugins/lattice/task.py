@@ -1,0 +1,74 @@
+"""``lattice_translation``: fairseq's translation task whose generator decodes a ``lattice_transformer``
+through a candidate lattice and Viterbi (LatticeGenerator) instead of left-to-right search.
+
+Training needs nothing from this task (``--task translation`` trains the model just as well); decoding
+needs ``--lattice-table``, the file ``fairseq-plugins lattice-table`` built from the same dictionaries.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..common.generation import refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from .generator import NORMALIZATIONS, LatticeGenerator
+from .ibm2 import CandidateTable
+from .model import LatticeTransformerModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LatticeTranslationConfig(TranslationConfig):
+    lattice_table: str = field(
+        default="", metadata={"help": "candidate table from `fairseq-plugins lattice-table` (needed to decode)"},
+    )
+    lattice_k: int = field(default=64, metadata={"help": "candidates per target position (the lattice's width K)"})
+    lattice_length_delta: int = field(
+        default=3, metadata={"help": "decode every length L - dL .. L + dL around the table's length estimate L"},
+    )
+    lattice_normalize: ChoiceEnum(list(NORMALIZATIONS)) = field(
+        default="lattice",
+        metadata={"help": "softmax of each edge score over: lattice (the next position's K candidates and EOS; "
+                          "K dot products a row) or vocab (the whole vocabulary, as in training; V a row)"},
+    )
+
+
+@register_task("lattice_translation", dataclass=LatticeTranslationConfig)
+class LatticeTranslationTask(TranslationTask):
+    cfg: LatticeTranslationConfig
+
+    def __init__(self, cfg: LatticeTranslationConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self._table = None
+
+    def candidate_table(self) -> CandidateTable:
+        if self._table is None:
+            if not self.cfg.lattice_table:
+                raise InputError("--lattice-table: lattice decoding needs the candidate table built by "
+                                 "`fairseq-plugins lattice-table` from this data")
+            self._table = CandidateTable.load(self.cfg.lattice_table, self.source_dictionary, self.target_dictionary)
+            logger.info("lattice table %s: %s", self.cfg.lattice_table, self._table.summary())
+        return self._table
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        if not all(isinstance(model, LatticeTransformerModel) for model in models):
+            names = ", ".join(sorted({type(model).__name__ for model in models}))
+            raise ValueError(f"--path: --task lattice_translation decodes a lattice_transformer, not {names} "
+                             "(decode other models with --task translation)")
+        refuse_unsupported_generation_flags(args, "lattice decoding", extra={
+            "--unkpen": getattr(args, "unkpen", 0) != 0,
+            "--temperature": getattr(args, "temperature", 1.0) != 1.0,
+        })
+        device = next(models[0].parameters()).device
+        return LatticeGenerator(
+            models, self.target_dictionary, self.candidate_table().to(device), k=self.cfg.lattice_k,
+            length_delta=self.cfg.lattice_length_delta, normalization=str(self.cfg.lattice_normalize),
+            nbest=getattr(args, "nbest", 1), lenpen=getattr(args, "lenpen", 1.0),
+            normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
+            max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
+        )

@@ -1,0 +1,538 @@
+"""Sequence-to-lattice: Viterbi, candidate tables, aligners, the Markov scorer, the generator, end to end."""
+
+import itertools
+import json
+import math
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+import torch
+
+from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+
+from fairseq_plugins.common.align import align_corpus, find_binary, read_pharaoh
+from fairseq_plugins.common.textio import InputError
+from fairseq_plugins.lattice.generator import LatticeGenerator
+from fairseq_plugins.lattice.ibm2 import CandidateTable, lattice_recall
+from fairseq_plugins.lattice.model import LatticeTransformerModel, lattice_transformer_tiny
+from fairseq_plugins.lattice.viterbi import viterbi
+
+NEG = float("-inf")
+
+
+# --- Viterbi against brute force -------------------------------------------------------------------------------
+
+def brute_force(transitions, ends, allowed, k, order, lenpen, normalize):
+    """Every path of every allowed length, scored by walking the states one position at a time."""
+    positions = transitions.size(0)
+    best = {}
+    for length in range(positions + 1):
+        if not allowed[length]:
+            continue
+        for indices in itertools.product(range(k), repeat=length):
+            state, score, steps = 0, 0.0, []
+            for position, index in enumerate(indices):
+                step = float(transitions[position, state, index])
+                steps.append(step)
+                score += step
+                state = (state * k + index) % (k ** order)
+            score += float(ends[length, state])
+            if score == NEG:
+                continue
+            ranked = score / (length + 1) ** lenpen if normalize else score
+            if length not in best or ranked > best[length][0]:
+                best[length] = (ranked, list(indices))
+    return best
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("lenpen, normalize", [(1.0, True), (0.0, True), (2.0, True), (1.0, False)])
+def test_viterbi_equals_brute_force_on_random_lattices(order, lenpen, normalize):
+    generator = torch.Generator().manual_seed(order * 10 + int(lenpen))
+    for trial in range(12):
+        k = 3
+        positions = 1 + trial % 4
+        batch = 3
+        transitions = -torch.rand(batch, positions, k ** order, k, generator=generator, dtype=torch.float64) * 3
+        ends = -torch.rand(batch, positions + 1, k ** order, generator=generator, dtype=torch.float64) * 3
+        # Some impossible edges (absent candidates) and a start that is only state 0, as the generator gives.
+        transitions[torch.rand(transitions.shape, generator=generator) < 0.2] = NEG
+        allowed = torch.rand(batch, positions + 1, generator=generator) < 0.7
+        allowed[:, 0] = False
+        paths = viterbi(transitions, ends, allowed, k, order, lenpen=lenpen, normalize=normalize, nbest=positions + 1)
+        for b in range(batch):
+            expected = brute_force(transitions[b], ends[b], allowed[b], k, order, lenpen, normalize)
+            ranking = sorted(expected.items(), key=lambda item: -item[1][0])
+            assert len(paths[b]) == len(ranking)
+            for path, (length, (score, indices)) in zip(paths[b], ranking):
+                assert path.length == length
+                assert path.score == pytest.approx(score, abs=1e-9)
+                assert path.indices.tolist() == indices
+                raw = float(path.scores.sum())
+                assert (raw / (length + 1) ** lenpen if normalize else raw) == pytest.approx(score, abs=1e-9)
+
+
+def test_viterbi_with_no_reachable_length_returns_no_path():
+    transitions = torch.full((1, 2, 2, 2), NEG)
+    ends = torch.zeros(1, 3, 2)
+    allowed = torch.tensor([[False, True, True]])
+    assert viterbi(transitions, ends, allowed, 2, 1) == [[]]
+
+
+# --- candidate tables -------------------------------------------------------------------------------------------
+
+def hand_corpus():
+    """Three sentence pairs over w-words; links chosen to exercise every counting rule."""
+    d = word_dictionary(10)
+    w = [d.index(f"w{i}") for i in range(10)]
+    sources = [[w[0], w[1]], [w[0], w[2], w[3]], [w[1], w[0]]]
+    targets = [[w[5], w[6]], [w[5], w[7], w[8]], [w[6], w[5], w[9]]]
+    alignments = [
+        [(0, 0), (1, 1)],          # diagonal
+        [(0, 0), (1, 1), (2, 1)],  # target 1 aligned to two source words: 1/2 each; target 2 unaligned
+        [],                        # no links: the diagonal round(j * S / T)
+    ]
+    return d, w, sources, targets, alignments
+
+
+def test_table_counts_equal_hand_computed_counts():
+    d, w, sources, targets, alignments = hand_corpus()
+    table = CandidateTable.build(sources, targets, alignments, d, d, top_n=40)
+
+    def lexical(x, offset):
+        span = 2 * table.max_offset + 1
+        key = x * span + offset + table.max_offset
+        row = (table.lexical_keys == key).nonzero()
+        if not len(row):
+            return {}
+        row = int(row[0])
+        return {int(t): float(p) for t, p in zip(table.lexical_tokens[row], table.lexical_probs[row]) if p > 0}
+
+    def positional(S, t):
+        key = S * (table.max_target_position + 1) + t
+        row = int((table.alignment_keys == key).nonzero()[0])
+        return [float(p) for p in table.alignment_probs[row, :S]]
+
+    # Sentence 3 has no links: j -> round(j * 2 / 3) = 0, 1, 1 (0-based), i.e. a = 1, 2, 2 for t = 1, 2, 3.
+    # Sentence 2: t=3 (unaligned) takes t=2's links {2, 3} (nearest aligned target, 1/2 each).
+    # (x, a - t) -> y counts:
+    #   (w0, 0): s1 t=1 w5, s2 t=1 w5, s3 t=2 (a=2, x=w0) w5 -> w5 x3
+    #   (w1, 0): s1 t=2 w6, s3 t=1 (a=1, x=w1) w6 -> w6 x2
+    #   (w2, 0): s2 t=2 w7 x1/2; (w3, 1): s2 t=2 w7 x1/2; (w2, -1): s2 t=3 w8 x1/2; (w3, 0): s2 t=3 w8 x1/2
+    #   (w0, -1): s3 t=3 (a=2, x=w0) w9 x1
+    assert lexical(w[0], 0) == {w[5]: 1.0}
+    assert lexical(w[1], 0) == {w[6]: 1.0}
+    assert lexical(w[2], 0) == {w[7]: 1.0} and lexical(w[3], 1) == {w[7]: 1.0}
+    assert lexical(w[2], -1) == {w[8]: 1.0} and lexical(w[3], 0) == {w[8]: 1.0}
+    assert lexical(w[0], -1) == {w[9]: 1.0}
+    assert table.max_offset == 1
+    # P(a | S, t): S=2 t=1 from s1 (a=1) and s3 (a=1); S=2 t=2: s1 a=2, s3 a=2; S=2 t=3: s3 a=2.
+    assert positional(2, 1) == [1.0, 0.0] and positional(2, 2) == [0.0, 1.0] and positional(2, 3) == [0.0, 1.0]
+    # S=3: t=1 a=1; t=2 a in {2, 3} half each; t=3 (inherited) the same.
+    assert positional(3, 1) == [1.0, 0.0, 0.0]
+    assert positional(3, 2) == [0.0, 0.5, 0.5] and positional(3, 3) == [0.0, 0.5, 0.5]
+    # Target length on source length: points (2, 2), (3, 3), (2, 3): slope 0.5, intercept 1.5.
+    assert table.length_slope == pytest.approx(0.5) and table.length_intercept == pytest.approx(1.5)
+
+
+def test_table_keeps_top_n_by_count_with_maximum_likelihood_probabilities():
+    d = word_dictionary(10)
+    w = [d.index(f"w{i}") for i in range(10)]
+    # w0 aligned (offset 0) to w5 three times, w6 twice, w7 once.
+    targets = [[w[5]]] * 3 + [[w[6]]] * 2 + [[w[7]]]
+    table = CandidateTable.build([[w[0]]] * 6, targets, [[(0, 0)]] * 6, d, d, top_n=2)
+    assert table.lexical_tokens.tolist() == [[w[5], w[6]]]
+    assert table.lexical_probs[0].tolist() == pytest.approx([3 / 6, 2 / 6])  # not renormalised after the cut
+
+
+def random_table(seed=0, sentences=60, vocab=12, top_n=4):
+    g = torch.Generator().manual_seed(seed)
+    d = word_dictionary(vocab)
+    first = d.nspecial
+    sources, targets, alignments = [], [], []
+    for _ in range(sentences):
+        S, T = (int(n) for n in torch.randint(1, 6, (2,), generator=g))
+        sources.append(torch.randint(first, len(d), (S,), generator=g).tolist())
+        targets.append(torch.randint(first, len(d), (T,), generator=g).tolist())
+        links = {(int(torch.randint(0, S, (1,), generator=g)), j) for j in range(T) if torch.rand(1, generator=g) < 0.7}
+        alignments.append(sorted(links))
+    return d, CandidateTable.build(sources, targets, alignments, d, d, top_n=top_n), sources
+
+
+def dense_reference(table, source, t, target_length, vocab):
+    """P(y | x, t) = sum_a P(y | x_a, a - t) P(a | S, t), by dictionaries and loops."""
+    S = len(source)
+    lexical = {}
+    span = 2 * table.max_offset + 1
+    for row, key in enumerate(table.lexical_keys.tolist()):
+        x, offset = divmod(key, span)
+        lexical[(x, offset - table.max_offset)] = dict(zip(table.lexical_tokens[row].tolist(),
+                                                           table.lexical_probs[row].tolist()))
+    positional = {}
+    for row, key in enumerate(table.alignment_keys.tolist()):
+        s, position = divmod(key, table.max_target_position + 1)
+        positional[(s, position)] = table.alignment_probs[row, :s].tolist()
+    weights = positional.get((S, t)) if t <= table.max_target_position else None
+    if weights is None:
+        weights = [0.0] * S
+        weights[min(max(round(t * S / target_length), 1), S) - 1] = 1.0
+    probs = [0.0] * vocab
+    for a in range(1, S + 1):
+        for y, p in lexical.get((source[a - 1], a - t), {}).items():
+            probs[y] += p * weights[a - 1]
+    return probs
+
+
+def test_lattice_top_k_agrees_with_a_dense_reference_computation():
+    d, table, sources = random_table()
+    batch = sources[:8]
+    source = torch.full((len(batch), max(map(len, batch))), d.pad())
+    for row, s in enumerate(batch):
+        source[row, :len(s)] = torch.tensor(s)
+    lengths = torch.tensor([len(s) for s in batch])
+    estimate = table.predicted_lengths(lengths)
+    positions = 9  # beyond every (S, t) seen for some rows: exercises the diagonal backoff
+    dense = table.position_distributions(source, lengths, estimate, positions, len(d))
+    excluded = [d.pad(), d.bos(), d.eos()]
+    tokens, probs = table.lattice(source, lengths, estimate, positions, 3, len(d), excluded)
+    for row, s in enumerate(batch):
+        for t in range(1, positions + 1):
+            reference = dense_reference(table, s, t, int(estimate[row]), len(d))
+            assert dense[row, t - 1].tolist() == pytest.approx(reference, abs=1e-6)
+            ranked = sorted((p for y, p in enumerate(reference) if y not in excluded), reverse=True)[:3]
+            assert probs[row, t - 1].tolist() == pytest.approx(ranked, abs=1e-6)
+            for y, p in zip(tokens[row, t - 1].tolist(), probs[row, t - 1].tolist()):
+                assert y not in excluded and reference[y] == pytest.approx(p, abs=1e-6)
+
+
+def test_table_file_round_trip_and_clear_errors(tmp_path):
+    d, table, _ = random_table()
+    path = tmp_path / "table.pt"
+    table.save(str(path))
+    loaded = CandidateTable.load(str(path), d, d)
+    assert torch.equal(loaded.lexical_keys, table.lexical_keys) and loaded.length_slope == table.length_slope
+    other = word_dictionary(13)
+    with pytest.raises(InputError, match=rf"{path}: built with another target dictionary \(16 symbols"):
+        CandidateTable.load(str(path), d, other)
+    junk = tmp_path / "junk.pt"
+    torch.save({"weights": torch.zeros(1)}, str(junk))
+    with pytest.raises(InputError, match=f"{junk}: not a lattice table"):
+        CandidateTable.load(str(junk))
+    with pytest.raises(InputError, match="no such lattice table"):
+        CandidateTable.load(str(tmp_path / "missing.pt"))
+    with pytest.raises(InputError, match=r"alignments:1: link 0-5 is outside the sentence pair"):
+        CandidateTable.build([[4]], [[5]], [[(0, 5)]], d, d)
+
+
+def test_lattice_recall_counts_reference_tokens_in_the_top_k():
+    d = word_dictionary(10)
+    w = [d.index(f"w{i}") for i in range(10)]
+    # w0 -> w5 (2/3) or w6 (1/3) at offset 0.
+    table = CandidateTable.build([[w[0]]] * 3, [[w[5]], [w[5]], [w[6]]], [[(0, 0)]] * 3, d, d)
+    excluded = [d.pad(), d.bos(), d.eos()]
+    recall = lattice_recall(table, [[w[0]], [w[0]]], [[w[5]], [w[6]]], [1, 2], len(d), excluded)
+    assert recall == {1: 0.5, 2: 1.0}
+
+
+# --- aligners ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_parallel(tmp_path_factory):
+    from fairseq_plugins.common.synthetic import write_corpus
+
+    out = write_corpus(str(tmp_path_factory.mktemp("aligned")), sizes={"train": 400})
+    return os.path.join(out, "train.src"), os.path.join(out, "train.tgt")
+
+
+def test_pip_backend_aligns_the_synthetic_lexicon(small_parallel, tmp_path):
+    source, target = small_parallel
+    out = tmp_path / "train.align"
+    plugins_cli("align", "--source", source, "--target", target, "--output", out)
+    alignments = read_pharaoh(str(out))
+    sources = [line.split() for line in open(source)]
+    targets = [line.split() for line in open(target)]
+    assert len(alignments) == len(sources) == 400
+    # The synthetic translation of a noun is the reversed word + "o": most links should say so.
+    hits = total = 0
+    for src, tgt, links in zip(sources, targets, alignments):
+        for i, j in links:
+            assert i < len(src) and j < len(tgt)
+            if src[i] in ("dog", "cat", "horse", "house", "river"):
+                total += 1
+                hits += tgt[j] == src[i][::-1] + "o"
+    assert total > 50 and hits / total > 0.9
+
+
+def test_align_rejects_bad_input_with_the_file_and_line(small_parallel, tmp_path):
+    source, target = small_parallel
+    short = tmp_path / "short.tgt"
+    short.write_text("a b\n")
+    proc = plugins_cli("align", "--source", source, "--target", short, "--output", tmp_path / "out", check=False)
+    assert proc.returncode == 2 and f"but {short} has 1: parallel files must be sentence-aligned" in proc.stderr
+    empty = tmp_path / "empty.src"
+    empty.write_text("a b\n\n")
+    other = tmp_path / "two.tgt"
+    other.write_text("c d\ne f\n")
+    proc = plugins_cli("align", "--source", empty, "--target", other, "--output", tmp_path / "out", check=False)
+    assert proc.returncode == 2 and f"{empty}:2: empty line" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    proc = plugins_cli("align", "--backend", "fast_align", "--fast-align", tmp_path / "nope", "--source", source,
+                       "--target", target, "--output", tmp_path / "out", check=False)
+    assert proc.returncode == 2 and f"--fast-align={tmp_path / 'nope'}: not an executable file" in proc.stderr
+
+
+def test_missing_fast_align_binary_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("FAST_ALIGN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InputError, match="fast_align: not found .* or use --backend systran"):
+        find_binary(None, "FAST_ALIGN", "fast_align")
+
+
+FAKE_FAST_ALIGN = """#!/bin/sh
+# Records its arguments and environment; writes the diagonal (forward) or nothing (reverse) as fast_align would.
+echo "$@ OMP=$OMP_NUM_THREADS" >> "{log}"
+echo "ITERATION 1 perplexity noise" >&2
+table=""; corpus=""; reverse=0
+while [ $# -gt 0 ]; do
+  case $1 in -i) corpus=$2; shift;; -p) table=$2; shift;; -r) reverse=1;; esac; shift
+done
+[ -n "$table" ] && echo "a b -0.5" > "$table"
+while IFS= read -r line; do
+  if [ $reverse = 1 ]; then echo "0-0"; else echo "0-0 1-1"; fi
+done < "$corpus"
+"""
+FAKE_ATOOLS = """#!/bin/sh
+echo "atools $@ OMP=$OMP_NUM_THREADS" >> "{log}"
+cat "$2"
+"""
+
+
+def test_subprocess_backend_runs_the_fast_align_recipe(tmp_path):
+    """The wrapper's plumbing, against stand-in binaries that record how they were called."""
+    log = tmp_path / "calls.log"
+    for name, script in (("fast_align", FAKE_FAST_ALIGN), ("atools", FAKE_ATOOLS)):
+        path = tmp_path / name
+        path.write_text(script.format(log=log))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    source, target = tmp_path / "c.src", tmp_path / "c.tgt"
+    source.write_text("a b\nc d\n")
+    target.write_text("x y\nz w\n")
+    out, table = tmp_path / "c.align", tmp_path / "lex.table"
+    proc = plugins_cli("align", "--backend", "fast_align", "--fast-align", tmp_path / "fast_align", "--source",
+                       source, "--target", target, "--output", out, "--lexical-table", table,
+                       env={"LOGLEVEL": "INFO"})
+    assert out.read_text() == "0-0 1-1\n0-0 1-1\n" and table.read_text() == "a b -0.5\n"
+    calls = log.read_text().splitlines()
+    assert len(calls) == 3 and all(call.endswith("OMP=1") for call in calls)
+    assert " -d -o -v " in calls[0] and " -p " in calls[0] and " -r " not in calls[0]
+    assert " -d -o -v " in calls[1] and " -r " in calls[1]
+    assert calls[2].startswith("atools -i") and "-c grow-diag-final-and" in calls[2]
+    assert "perplexity noise" not in proc.stderr  # fast_align's progress stays out of the log
+
+
+@pytest.mark.skipif(shutil.which("fast_align") is None,
+                    reason="no fast_align on PATH (build https://github.com/clab/fast_align to run this test)")
+def test_subprocess_backend_with_a_real_fast_align(small_parallel, tmp_path):
+    source, target = small_parallel
+    first = align_corpus(source, target, backend="fast_align")
+    second = align_corpus(source, target, backend="fast_align")
+    assert first == second and len(first) == 400  # OMP_NUM_THREADS=1: reproducible
+
+
+# --- the Markov scorer ------------------------------------------------------------------------------------------
+
+def tiny_model(order=1, layers=1, seed=0):
+    import argparse
+
+    torch.manual_seed(seed)
+    d = word_dictionary(20)
+    args = argparse.Namespace(lattice_markov_order=order, lattice_scorer_layers=layers, max_source_positions=64,
+                              max_target_positions=64)
+    lattice_transformer_tiny(args)
+    model = LatticeTransformerModel.build_model(args, DictionaryTask(d))
+    return model.eval(), d
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_scorer_is_markov_of_its_order(order):
+    model, d = tiny_model(order, layers=2)
+    sample = random_batch(d, 2, seed=1)
+    encoder_out = model.encoder(**sample["net_input"])
+    g = torch.Generator().manual_seed(0)
+    prev = torch.randint(d.nspecial, len(d), (2, 8), generator=g)
+    prev[:, 0] = d.eos()
+    logits, _ = model.decoder(prev, encoder_out=encoder_out)
+    changed = prev.clone()
+    changed[:, 3] = (changed[:, 3] + 1 - d.nspecial) % (len(d) - d.nspecial) + d.nspecial
+    logits_changed, _ = model.decoder(changed, encoder_out=encoder_out)
+    differs = (logits - logits_changed).abs().amax(dim=(0, 2)) > 1e-6
+    # Row t reads prev[t - order + 1 .. t]: changing prev[3] moves rows 3 .. 3 + order - 1 only.
+    assert differs.tolist() == [3 <= t < 3 + order for t in range(8)]
+
+
+def lattice_generator(model, d, table, **kwargs):
+    return LatticeGenerator([model], d, table, **kwargs)
+
+
+def tiny_table(d, seed=0):
+    """A table over the tiny dictionary with every word a candidate of every source word near the diagonal."""
+    g = torch.Generator().manual_seed(seed)
+    sources, targets, alignments = [], [], []
+    for _ in range(80):
+        S = int(torch.randint(2, 7, (1,), generator=g))
+        T = int(torch.randint(2, 7, (1,), generator=g))
+        sources.append(torch.randint(d.nspecial, len(d), (S,), generator=g).tolist())
+        targets.append(torch.randint(d.nspecial, len(d), (T,), generator=g).tolist())
+        alignments.append([(min(S - 1, round(j * S / T)), j) for j in range(T)])
+    return CandidateTable.build(sources, targets, alignments, d, d, top_n=40)
+
+
+def teacher_forced_scores(model, sample, b, tokens):
+    """log P(y_t | window, x) of ``tokens`` (EOS last) under the training forward pass."""
+    net_input = {k: v[b:b + 1] for k, v in sample["net_input"].items()}
+    encoder_out = model.encoder(**net_input)
+    prev = torch.cat([tokens.new_tensor([model.decoder.eos_idx]), tokens[:-1]]).unsqueeze(0)
+    logits, _ = model.decoder(prev, encoder_out=encoder_out)
+    return torch.log_softmax(logits.float(), dim=-1)[0].gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_lattice_scores_equal_the_training_forward_pass(order):
+    """With --lattice-normalize vocab, every positional score of the decoded path is the model's own
+    teacher-forced log-probability: the parallel lattice scoring computes the same windows as training."""
+    model, d = tiny_model(order, layers=2)
+    sample = random_batch(d, 3, seed=2)
+    generator = lattice_generator(model, d, tiny_table(d), k=4, length_delta=2, normalization="vocab", nbest=3)
+    hypotheses = generator.generate([model], sample)
+    for b, hypos in enumerate(hypotheses):
+        assert len(hypos) == 3
+        for hypo in hypos:
+            expected = teacher_forced_scores(model, sample, b, hypo["tokens"])
+            assert torch.allclose(hypo["positional_scores"], expected, atol=1e-5)
+
+
+def test_generator_finds_the_best_path_of_the_lattice_by_brute_force():
+    model, d = tiny_model(1, layers=1, seed=3)
+    sample = random_batch(d, 2, src_len=4, seed=4)
+    table = tiny_table(d, seed=1)
+    generator = lattice_generator(model, d, table, k=2, length_delta=1, normalization="vocab", lenpen=0.0)
+    hypotheses = generator.generate([model], sample)
+    source, lengths = generator._source_content(sample["net_input"]["src_tokens"])
+    estimate, shortest, longest = generator._length_ranges(lengths)
+    tokens, probs = table.lattice(source, lengths, estimate, int(longest.max()) + 1, 2, len(d),
+                                  generator.excluded)
+    for b in range(2):
+        best = NEG
+        for length in range(int(shortest[b]), int(longest[b]) + 1):
+            for indices in itertools.product(range(2), repeat=length):
+                if any(probs[b, t, i] <= 0 for t, i in enumerate(indices)):
+                    continue
+                path = torch.tensor([int(tokens[b, t, i]) for t, i in enumerate(indices)] + [d.eos()])
+                best = max(best, float(teacher_forced_scores(model, sample, b, path).sum()))
+        assert hypotheses[b][0]["score"] == pytest.approx(best, abs=1e-4)
+
+
+def test_batch_equals_one_sentence_at_a_time():
+    model, d = tiny_model(1, layers=1)
+    sample = random_batch(d, 5, seed=5)
+    table = tiny_table(d)
+    generator = lattice_generator(model, d, table, k=6)
+    together = generator.generate([model], sample)
+    for b in range(5):
+        alone = generator.generate([model], {"net_input": {k: v[b:b + 1] for k, v in sample["net_input"].items()}})
+        # One sentence alone is not padded; fairseq left-pads, so strip the padding columns.
+        assert together[b][0]["tokens"].tolist() == alone[0][0]["tokens"].tolist()
+        assert together[b][0]["score"] == pytest.approx(alone[0][0]["score"], abs=1e-5)
+    stats = generator.generation_stats()
+    assert stats["sentences"] == 10 and stats["decoder_calls"] == 6 and stats["scoring_seconds"] > 0
+
+
+def test_generator_rejects_bad_settings():
+    model, d = tiny_model()
+    table = tiny_table(d)
+    with pytest.raises(ValueError, match="--lattice-k 0"):
+        lattice_generator(model, d, table, k=0)
+    with pytest.raises(ValueError, match="--lattice-normalize softmax"):
+        lattice_generator(model, d, table, normalization="softmax")
+    with pytest.raises(ValueError, match="no ensembles"):
+        LatticeGenerator([model, model], d, table)
+
+
+# --- end to end: align, table, fairseq-train, fairseq-generate, bench ----------------------------------------
+
+@pytest.fixture(scope="module")
+def lattice_trained(prepared, trained, tmp_path_factory):
+    """The synthetic corpus aligned, its table, and a tiny lattice_transformer trained with fairseq-train."""
+    work = tmp_path_factory.mktemp("lattice")
+    tok = os.path.join(prepared, "tok")
+    plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
+                "--output", work / "train.align")
+    plugins_cli("lattice-table", "--data-bin", os.path.join(prepared, "bin"), "-s", "src", "-t", "tgt",
+                "--alignment", work / "train.align", "--output", work / "table.pt")
+    flags = list(TRAIN_FLAGS)
+    flags[flags.index("--task") + 1] = "lattice_translation"
+    flags[flags.index("--arch") + 1] = "lattice_transformer_tiny"
+    save_dir = str(work / "checkpoints")
+    run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--max-epoch", 12, "--save-dir", save_dir,
+        env={"OMP_NUM_THREADS": "2"})
+    return {"data": prepared, "work": work, "table": str(work / "table.pt"),
+            "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"), "baseline": trained["checkpoint"]}
+
+
+def generate(system, *flags, check=True):
+    return run("fairseq_cli.generate", os.path.join(system["data"], "bin"), "--user-dir",
+               os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/fairseq_plugins",
+               "--task", "lattice_translation", "--path", system["checkpoint"], "--gen-subset", "test", *flags,
+               check=check)
+
+
+def test_recall_and_fairseq_generate_on_the_trained_model(lattice_trained, tmp_path):
+    proc = plugins_cli("lattice-recall", "--table", lattice_trained["table"], "--data-bin",
+                       os.path.join(lattice_trained["data"], "bin"), "-s", "src", "-t", "tgt", "--split", "test",
+                       "--k", 1, 8, "--json", tmp_path / "recall.json")
+    recall = json.loads((tmp_path / "recall.json").read_text())["recall"]
+    assert recall["8"] >= recall["1"] and recall["8"] > 0.9  # a lexicon-like corpus: the lattice holds it
+    hypotheses = lambda out: sorted(l for l in out.splitlines() if l.startswith("H-"))  # noqa: E731
+    batched = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16,
+                       "--scoring", "sacrebleu")
+    assert len(hypotheses(batched.stdout)) == 40
+    bleu = float(batched.stdout.strip().splitlines()[-1].split("BLEU = ")[1].split()[0])
+    assert bleu > 25, batched.stdout[-2000:]
+    assert "lattice decoding: 40 sentences" in batched.stderr and "lattice recall of the references" in batched.stderr
+    # Batching changes nothing: one sentence at a time gives the same hypotheses and scores.
+    alone = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 1)
+    assert hypotheses(alone.stdout) == hypotheses(batched.stdout)
+    # --nbest: the best paths of different lengths, best first.
+    nbest = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16, "--nbest", 2)
+    scores = {}
+    for line in hypotheses(nbest.stdout):
+        key, score, text = line.split("\t")
+        scores.setdefault(key, []).append((float(score), len(text.split())))
+    assert len(scores) == 40 and all(len(v) == 2 and v[0][1] != v[1][1] for v in scores.values())
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "--lattice-table: lattice decoding needs the candidate table"),
+    (["--lattice-table", "TABLE", "--sampling"], "--sampling: not supported with lattice decoding"),
+    (["--lattice-table", "TABLE", "--path", "BASELINE"], "decodes a lattice_transformer, not TransformerModel"),
+])
+def test_bad_generation_settings_are_clear_errors(lattice_trained, flags, message):
+    flags = [lattice_trained["table"] if f == "TABLE" else lattice_trained["baseline"] if f == "BASELINE" else f
+             for f in flags]
+    proc = generate(lattice_trained, *flags, check=False)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_bench_measures_lattice_decoding_against_the_baseline_transformer(lattice_trained, tmp_path):
+    result_path = tmp_path / "lattice.json"
+    plugins_cli("bench", "--method", "lattice", "--path", lattice_trained["checkpoint"], "--baseline-path",
+                lattice_trained["baseline"], "--data", lattice_trained["data"], "--threads", 1, "--runs", 1,
+                "--beam", 5, "--limit", 10, "--json", result_path, "--lattice-table", lattice_trained["table"])
+    result = json.loads(result_path.read_text())
+    stats = result["stats"]
+    assert stats["sentences"] == 10 and stats["decoder_calls"] == 10 and 0 < stats["lattice_recall"] <= 1
+    assert all(stats[f"{phase}_ms_per_sentence"] > 0 for phase in ("encoder", "lattice", "scoring", "viterbi"))
+    assert result["bleu"] > 20 and result["baseline"]["bleu"] > 20
