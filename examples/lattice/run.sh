@@ -13,19 +13,24 @@
 #   bench    : fairseq-plugins bench of each system against the baseline transformer at beam 5 decoded in
 #              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
 #   ks       : the same for distill-1 at each K of KS (paper Table 2)
+#   layers   : distill-1, -2, -3 after LAYERS_EPOCH (3) epochs each: BLEU and a bench row (paper Table 3)
 #   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (8; EPOCHS_distill_2=4 etc. per
-#        system), WARMUP (400), THREADS (training threads per system, 2), KS ("1 32 64 128"), K (64),
-#        BENCH_LIMIT (200 sentences), BENCH_RUNS (2), DEVICE (cpu), RESULTS (docs/results), ALIGN_BACKEND
+#   env: STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (6; per system EPOCHS_raw_1 ...,
+#        distill-2 and distill-3 default to LAYERS_EPOCH), WARMUP (400), THREADS (training threads per
+#        system, 2), KS ("1 32 64 128"), K (64),
+#        BENCH_LIMIT (200 sentences), BENCH_RUNS (2), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
+#        ALIGN_BACKEND (systran)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/lattice}
-STAGES=${STAGES:-distill align table train evaluate bench ks summary}
+STAGES=${STAGES:-distill align table train evaluate bench ks layers summary}
 SYSTEMS=${SYSTEMS:-raw-1 distill-1 distill-2 distill-3}
-EPOCHS=${EPOCHS:-8}
+EPOCHS=${EPOCHS:-6}
+LAYERS_EPOCH=${LAYERS_EPOCH:-3}
+: "${EPOCHS_distill_2:=$LAYERS_EPOCH}" "${EPOCHS_distill_3:=$LAYERS_EPOCH}"
 WARMUP=${WARMUP:-400}
 K=${K:-64}
 RESULTS=${RESULTS:-docs/results}
@@ -125,11 +130,11 @@ if stage evaluate; then
   done
 fi
 
-bench_against_baseline() {  # SYSTEM LABEL JSON [decoding flags...]: one bench row, baseline beam 5 in the same run
-  local system=$1 label=$2 json=$3
-  shift 3
+bench_against_baseline() {  # SYSTEM CHECKPOINT LABEL JSON [decoding flags...]: one bench row, baseline beam 5 in the same run
+  local system=$1 path=$2 label=$3 json=$4
+  shift 4
   # shellcheck disable=SC2046
-  fairseq-plugins bench --method lattice --label "$label" --path "$(checkpoint "$system")" \
+  fairseq-plugins bench --method lattice --label "$label" --path "$path" \
     --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
     --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 \
     --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$json" --append \
@@ -140,10 +145,10 @@ if stage bench; then
   json=$RESULTS/lattice.json
   rm -f "$json.tmp"
   for system in $SYSTEMS; do
-    bench_against_baseline "$system" "$system" "$json.tmp"
+    bench_against_baseline "$system" "$(checkpoint "$system")" "$system" "$json.tmp"
   done
   # The edge softmax over the whole vocabulary (as in training) instead of over the lattice.
-  bench_against_baseline distill-1 "distill-1 vocab-softmax" "$json.tmp" --lattice-normalize vocab
+  bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 vocab-softmax" "$json.tmp" --lattice-normalize vocab
   mv "$json.tmp" "$json"
 fi
 
@@ -151,13 +156,32 @@ if stage ks; then
   json=$RESULTS/lattice_k.json
   rm -f "$json.tmp"
   for k in ${KS:-1 32 64 128}; do
-    bench_against_baseline distill-1 "distill-1 K=$k" "$json.tmp" --lattice-k "$k"
+    bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 K=$k" "$json.tmp" --lattice-k "$k"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage layers; then
+  # Paper Table 3: 1, 2, 3 scorer layers after the same number of epochs (LAYERS_EPOCH; distill-1 trains
+  # longer, its epoch checkpoint is used), whole-test BLEU and a bench row each.
+  json=$RESULTS/lattice_layers.json
+  rm -f "$json.tmp"
+  for system in distill-1 distill-2 distill-3; do
+    path=$WORK/$system/checkpoints/checkpoint$LAYERS_EPOCH.pt
+    out=$WORK/$system/generate.epoch$LAYERS_EPOCH.out
+    # shellcheck disable=SC2046
+    record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags "$system") --path "$path" \
+      --source-lang en --target-lang de --gen-subset test --batch-size 64 > "$out.tmp"
+    mv "$out.tmp" "$out"
+    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
+    sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
+    bench_against_baseline "$system" "$path" "$system epoch $LAYERS_EPOCH" "$json.tmp"
   done
   mv "$json.tmp" "$json"
 fi
 
 if stage summary; then
   python "$(dirname "$0")/summarize.py" --work "$WORK" --systems $SYSTEMS --bench "$RESULTS/lattice.json" \
-    --ks "$RESULTS/lattice_k.json" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
+    --ks "$RESULTS/lattice_k.json" --layers "$RESULTS/lattice_layers.json" --layers-epoch "$LAYERS_EPOCH" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
     --out "$RESULTS/lattice_summary"
 fi

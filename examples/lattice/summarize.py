@@ -37,6 +37,8 @@ def main():
     p.add_argument("--systems", nargs="+", required=True)
     p.add_argument("--bench", required=True, help="bench JSON of stage bench")
     p.add_argument("--ks", help="bench JSON of stage ks")
+    p.add_argument("--layers", help="bench JSON of stage layers")
+    p.add_argument("--layers-epoch", type=int, default=3, help="the epoch stage layers compared")
     p.add_argument("--recall", nargs="*", default=[], help="lattice-recall JSONs")
     p.add_argument("--commands", required=True)
     p.add_argument("--out", required=True, help="output path without extension")
@@ -58,6 +60,16 @@ def main():
         systems.append(row)
     extra = [bench_row(r) for label, r in benches.items() if label not in args.systems]
     ks = [bench_row(r) for r in report.load_results(args.ks)] if args.ks and os.path.exists(args.ks) else []
+    layers = []
+    if args.layers and os.path.exists(args.layers):
+        for r in report.load_results(args.layers):
+            system = r["label"].split()[0]
+            row = bench_row(r)
+            out = os.path.join(args.work, system, f"generate.epoch{args.layers_epoch}.out.bleu.json")
+            with open(out, encoding="utf-8") as f:
+                row["bleu"] = json.load(f)["score"]
+            row["bleu_gap_vs_baseline_beam5"] = round(baseline_bleu - row["bleu"], 2)
+            layers.append(row)
     recall = {}
     for path in args.recall:
         with open(path, encoding="utf-8") as f:
@@ -78,6 +90,7 @@ def main():
         "systems": systems,
         "other_settings": extra,
         "k_sweep": ks,
+        "scorer_layers_at_equal_epochs": layers,
         "lattice_recall_test": recall,
         "commands": report.read_provenance([args.commands]),
     }
@@ -103,6 +116,14 @@ def main():
             lines.append(f"| {row['label']} | {row['bench_bleu']:.1f} | {row['bench_baseline_bleu']:.1f} | "
                          f"{row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | x{row['latency_speedup']} | "
                          f"{row['lattice_recall']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
+    if layers:
+        lines += ["", f"## Scorer layers after {args.layers_epoch} epochs each (distilled targets; paper Table 3)", "",
+                  "| setting | BLEU (whole test) | gap | latency ms | baseline ms | speedup | scoring ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in layers:
+            lines.append(f"| {row['label']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
+                         f"{row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | x{row['latency_speedup']} | "
+                         f"{row['scoring_ms']} |")
     if recall:
         ks_recall = sorted({int(k) for r in recall.values() for k in r})
         lines += ["", "## Lattice recall on test (reference length; paper Fig. 1)", "",
