@@ -266,6 +266,11 @@ def test_pip_backend_aligns_the_synthetic_lexicon(small_parallel, tmp_path):
     assert total > 50 and hits / total > 0.9
 
 
+def test_pip_backend_is_reproducible(small_parallel):
+    source, target = small_parallel
+    assert align_corpus(source, target) == align_corpus(source, target)  # one OpenMP thread
+
+
 def test_align_rejects_bad_input_with_the_file_and_line(small_parallel, tmp_path):
     source, target = small_parallel
     short = tmp_path / "short.tgt"

@@ -4,7 +4,7 @@ Two backends write the same Pharaoh ``i-j`` lines (source position i, target pos
 
 - ``systran`` (default): systran-align, the fast_align library in a pip wheel. It trains fast_align's
   forward and reverse models (diagonal tension 4) and symmetrises with grow-diag-final-and, as the
-  command-line recipe below does; nothing to build.
+  command-line recipe below does; nothing to build. Run on one OpenMP thread: reproducible output.
 - ``fast_align``: a user-built fast_align driven by subprocess, the recipe of its README: forward
   ``-d -o -v``, reverse ``-d -o -v -r``, ``atools -c grow-diag-final-and``; ``--lexical-table`` keeps the
   forward model's ``-p`` table. ``OMP_NUM_THREADS=1`` makes its output reproducible.
@@ -85,15 +85,31 @@ def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], sc
         raise InputError("--backend systran needs the systran-align wheel (pip install systran-align==3.5.0, "
                          "Linux x86_64, Python < 3.12); or use --backend fast_align with a built fast_align") from e
     forward, backward = os.path.join(scratch, "forward.probs"), os.path.join(scratch, "backward.probs")
-    systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
-    aligner = systran_align.Aligner(forward, backward)
-    alignments = []
-    chunk = 10000
-    for start in range(0, len(source), chunk):
-        results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
-                                      [t.split() for t in target[start:start + chunk]])
-        alignments.extend(sorted(set(r["alignments"])) for r in results)
+    with _single_openmp_thread():
+        systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
+        aligner = systran_align.Aligner(forward, backward)
+        alignments = []
+        chunk = 10000
+        for start in range(0, len(source), chunk):
+            results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
+                                          [t.split() for t in target[start:start + chunk]])
+            alignments.extend(sorted(set(r["alignments"])) for r in results)
     return alignments
+
+
+@contextlib.contextmanager
+def _single_openmp_thread() -> Iterator[None]:
+    """fast_align's EM sums in OpenMP threads, and with several the alignments differ from run to run.
+    systran-align loads the same OpenMP runtime as torch (libgomp-a34b3233), so torch's thread setting is
+    its setting too (OMP_NUM_THREADS would be read too early: torch starts that runtime on import)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def find_binary(explicit: Optional[str], env_var: str, name: str, beside: Optional[str] = None) -> str:
