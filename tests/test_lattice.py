@@ -455,6 +455,22 @@ def test_batch_equals_one_sentence_at_a_time():
     assert stats["sentences"] == 10 and stats["decoder_calls"] == 6 and stats["scoring_seconds"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_cuda_decoding_equals_cpu_decoding():
+    model, d = tiny_model(1, layers=2)
+    sample = random_batch(d, 4, seed=6)
+    table = tiny_table(d)
+    on_cpu = lattice_generator(model, d, table, k=8).generate([model], sample)
+    model = model.cuda()
+    cuda_sample = {"net_input": {k: v.cuda() for k, v in sample["net_input"].items()}}
+    generator = lattice_generator(model, d, table.to("cuda"), k=8)
+    on_cuda = generator.generate([model], cuda_sample)
+    for cpu_hypos, cuda_hypos in zip(on_cpu, on_cuda):
+        assert cpu_hypos[0]["tokens"].tolist() == cuda_hypos[0]["tokens"].cpu().tolist()
+        assert cpu_hypos[0]["score"] == pytest.approx(cuda_hypos[0]["score"], abs=1e-4)
+    assert generator.generation_stats()["scoring_seconds"] > 0
+
+
 def test_generator_rejects_bad_settings():
     model, d = tiny_model()
     table = tiny_table(d)
