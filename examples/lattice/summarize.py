@@ -48,12 +48,20 @@ def main():
         with open(os.path.join(args.work, system, "bleu.json"), encoding="utf-8") as f:
             return json.load(f)["score"]
 
+    def epochs_of(system):
+        """--max-epoch of the fairseq-train command that wrote the system's checkpoints."""
+        for line in report.read_provenance([args.commands]):
+            words = line.split()
+            if words[:1] == ["fairseq-train"] and f"{args.work.rstrip('/')}/{system}/checkpoints" in words:
+                return int(words[words.index("--max-epoch") + 1])
+        return None
+
     baseline_bleu = bleu_of("baseline")
     benches = {r["label"]: r for r in report.load_results(args.bench)}
     systems = []
     for system in args.systems:
         row = {"system": system, "training_targets": "distilled" if system.startswith("distill") else "original",
-               "bleu": bleu_of(system)}
+               "epochs": epochs_of(system), "bleu": bleu_of(system)}
         row["bleu_gap_vs_baseline_beam5"] = round(baseline_bleu - row["bleu"], 2)
         if system in benches:
             row.update(bench_row(benches[system]))
@@ -100,10 +108,11 @@ def main():
 
     lines = [f"# Sequence-to-lattice on Multi30k en->de ({result['device']})", "",
              f"Baseline transformer, beam 5: BLEU {baseline_bleu:.1f} (whole test set). {result['latency_from']}.", "",
-             "| system | targets | layers | BLEU | gap | latency ms | baseline ms | speedup | recall | "
-             "encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| system | targets | layers | epochs | BLEU | gap | latency ms | baseline ms | speedup | recall | "
+             "encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in systems:
-        lines.append(f"| {row['system']} | {row['training_targets']} | {row.get('scorer_layers', '')} | {row['bleu']:.1f} | "
+        lines.append(f"| {row['system']} | {row['training_targets']} | {row.get('scorer_layers', '')} | {row['epochs']} | "
+                     f"{row['bleu']:.1f} | "
                      f"{row['bleu_gap_vs_baseline_beam5']:.1f} | {row.get('latency_ms_p50', '')} | "
                      f"{row.get('baseline_latency_ms_p50', '')} | x{row.get('latency_speedup', '')} | "
                      f"{row.get('lattice_recall', '')} | " + " / ".join(str(row.get(f'{p}_ms', '')) for p in PHASES) + " |")
