@@ -471,6 +471,14 @@ def test_cuda_decoding_equals_cpu_decoding():
     assert generator.generation_stats()["scoring_seconds"] > 0
 
 
+def test_an_empty_source_still_gets_a_translation():
+    model, d = tiny_model(1, layers=1)
+    src = torch.tensor([[d.pad(), d.pad(), d.eos()], [d.index("w3"), d.index("w4"), d.eos()]])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([1, 3])}}
+    hypotheses = lattice_generator(model, d, tiny_table(d), k=4).generate([model], sample)
+    assert all(len(h) == 1 and h[0]["tokens"][-1] == d.eos() for h in hypotheses)
+
+
 def test_generator_rejects_bad_settings():
     model, d = tiny_model()
     table = tiny_table(d)

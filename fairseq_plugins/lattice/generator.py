@@ -13,7 +13,7 @@ for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
 
 import logging
 import time
-from typing import Dict, List, Optional
+from typing import Dict
 
 import torch
 from torch import Tensor

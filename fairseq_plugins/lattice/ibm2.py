@@ -23,10 +23,9 @@ fairseq dictionaries it was built with; loading it with other dictionaries is an
 
 import hashlib
 import logging
-import math
 import os
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -220,7 +219,7 @@ class CandidateTable:
             weights = torch.nn.functional.pad(weights, (0, max_source - width))
         weights = weights[:, :, :max_source] * found.unsqueeze(-1)
         diagonal = ((t.unsqueeze(0) * S).double() / target_lengths.unsqueeze(1).double()).round().long()
-        diagonal = torch.minimum(diagonal.clamp(min=1), S) - 1  # 0-based
+        diagonal = torch.minimum(diagonal, S).clamp(min=1) - 1  # 0-based; an empty source points at slot 0
         backoff = torch.nn.functional.one_hot(diagonal, max_source).to(weights)
         return torch.where(found.unsqueeze(-1), weights, backoff)
 

@@ -15,7 +15,7 @@ the candidates before it.
 
 import logging
 import math
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
