@@ -1,6 +1,11 @@
 # Shell helpers shared by the recipes in examples/ (sourced; defines functions only).
 #   record CMD...  run CMD and append it (once) to $COMMANDS, the provenance bench reads with --provenance
 #   stage NAME     true when NAME is one of the words of $STAGES
+#   distill_training_set BASE OUT [fairseq-generate flags...]
+#                  sequence-level distillation from examples/baseline's model (work dir BASE): it translates
+#                  its training source at beam 5; OUT/tok/train.{en,de} is the distilled pair (pieces),
+#                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
+#                  when OUT/bin is there; uses $USER_DIR and record.
 
 record() {
   local line
@@ -9,3 +14,28 @@ record() {
   "$@"
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+distill_training_set() {
+  local base=$1 out=$2
+  shift 2
+  [[ -f $out/bin/train.en-de.de.bin ]] && return 0
+  mkdir -p "$out/tok"
+  if [[ ! -f $out/generate.train.out ]]; then
+    record fairseq-generate "$base/data/bin" --user-dir "$USER_DIR" --path "$base/checkpoints/checkpoint_best.pt" \
+      --source-lang en --target-lang de --gen-subset train --beam 5 --batch-size 128 "$@" \
+      > "$out/generate.train.out.tmp"
+    mv "$out/generate.train.out.tmp" "$out/generate.train.out"
+  fi
+  # H lines are SentencePiece pieces (no --bpe given); put them back in corpus order.
+  fairseq-plugins detok "$base/data" --from-generate --keep-pieces --input "$out/generate.train.out" \
+    > "$out/tok/train.de.tmp"
+  [[ $(wc -l < "$out/tok/train.de.tmp") == $(wc -l < "$base/data/tok/train.en") ]] || {
+    echo "$out/generate.train.out: not one hypothesis per training sentence" >&2; exit 1; }
+  mv "$out/tok/train.de.tmp" "$out/tok/train.de"
+  cp "$base/data/tok/train.en" "$out/tok/train.en"
+  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$out/tok/train" \
+    --srcdict "$base/data/bin/dict.en.txt" --tgtdict "$base/data/bin/dict.de.txt" \
+    --destdir "$out/bin.tmp" --workers 2
+  for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
+  rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"
+}

@@ -41,22 +41,7 @@ source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stag
 
 # ---- sequence-level distillation ------------------------------------------------------------------------
 DISTILL=$WORK/distill
-if stage distill && [[ ! -f $DISTILL/bin/train.en-de.de.bin ]]; then
-  mkdir -p "$DISTILL/tok"
-  record fairseq-generate "$BASE/data/bin" --user-dir "$USER_DIR" --path "$BASE_CKPT" \
-    --source-lang en --target-lang de --gen-subset train --beam 5 --batch-size 128 \
-    > "$DISTILL/generate.train.out"
-  # H lines are SentencePiece pieces (no --bpe given); put them back in corpus order.
-  fairseq-plugins detok "$BASE/data" --from-generate --keep-pieces --input "$DISTILL/generate.train.out" \
-    > "$DISTILL/tok/train.de.tmp"
-  mv "$DISTILL/tok/train.de.tmp" "$DISTILL/tok/train.de"
-  cp "$BASE/data/tok/train.en" "$DISTILL/tok/train.en"
-  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$DISTILL/tok/train" \
-    --srcdict "$BASE/data/bin/dict.en.txt" --tgtdict "$BASE/data/bin/dict.de.txt" \
-    --destdir "$DISTILL/bin.tmp" --workers 2
-  for f in "$BASE"/data/bin/valid.* "$BASE"/data/bin/test.*; do cp "$f" "$DISTILL/bin.tmp/"; done
-  rm -rf "$DISTILL/bin" && mv "$DISTILL/bin.tmp" "$DISTILL/bin"
-fi
+stage distill && distill_training_set "$BASE" "$DISTILL"
 
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------
 UPDATES=${UPDATES:-350}

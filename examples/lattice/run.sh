@@ -53,24 +53,7 @@ epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
 corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
 
 if stage distill; then
-  out=$WORK/distill/train.generate.out
-  mkdir -p "$WORK/distill/tok"
-  if [[ ! -f $out ]]; then
-    OMP_NUM_THREADS=${THREADS:-2} record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" \
-      --path "$BASE/checkpoints/checkpoint_best.pt" --source-lang en --target-lang de --gen-subset train \
-      --beam 5 --batch-size 128 --max-len-a 1.2 --max-len-b 10 > "$out.tmp"
-    mv "$out.tmp" "$out"
-  fi
-  # Hypotheses (pieces) in corpus order; the source side and valid/test stay the original ones.
-  grep '^H-' "$out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$WORK/distill/tok/train.de.tmp"
-  [[ $(wc -l < "$WORK/distill/tok/train.de.tmp") == $(wc -l < "$DATA/tok/train.en") ]] || {
-    echo "$out: not one hypothesis per training sentence" >&2; exit 1; }
-  mv "$WORK/distill/tok/train.de.tmp" "$WORK/distill/tok/train.de"
-  for f in train.en valid.en valid.de test.en test.de; do cp "$DATA/tok/$f" "$WORK/distill/tok/$f"; done
-  rm -rf "$WORK/distill/bin"
-  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$WORK/distill/tok/train" \
-    --validpref "$WORK/distill/tok/valid" --testpref "$WORK/distill/tok/test" \
-    --srcdict "$DATA/bin/dict.en.txt" --tgtdict "$DATA/bin/dict.de.txt" --destdir "$WORK/distill/bin" --workers 2
+  OMP_NUM_THREADS=${THREADS:-2} distill_training_set "$BASE" "$WORK/distill" --max-len-a 1.2 --max-len-b 10
 fi
 
 if stage align; then
