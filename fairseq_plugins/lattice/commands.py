@@ -6,7 +6,7 @@ import os
 
 from ..common.align import read_pharaoh
 from ..common.textio import InputError, atomic_output
-from .ibm2 import CandidateTable, lattice_recall, read_binarized_pairs
+from .ibm2 import CandidateTable, lattice_recall, never_candidates, read_binarized_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ def _run_lattice_recall(args, argv=None) -> None:
     sources, targets, src_dict, tgt_dict = read_binarized_pairs(args.data_bin, split, args.source_lang,
                                                                 args.target_lang)
     table = CandidateTable.load(args.table, src_dict, tgt_dict)
-    excluded = sorted({tgt_dict.pad(), tgt_dict.bos(), tgt_dict.eos()})
-    recall = lattice_recall(table, sources, targets, sorted(set(args.k)), len(tgt_dict), excluded)
+    recall = lattice_recall(table, sources, targets, sorted(set(args.k)), len(tgt_dict), never_candidates(tgt_dict))
     print("K\trecall")
     for k, share in recall.items():
         print(f"{k}\t{share:.4f}")

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..common.generation import MethodGenerator
-from .ibm2 import CandidateTable
+from .ibm2 import CandidateTable, never_candidates
 from .viterbi import viterbi
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class LatticeGenerator(MethodGenerator):
         self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
         self.k = min(k, self.vocab_size)
-        self.excluded = sorted({tgt_dict.pad(), tgt_dict.bos(), tgt_dict.eos()})
+        self.excluded = never_candidates(tgt_dict)
         self.table = table
         self.length_delta = length_delta
         self.normalization = normalization
@@ -132,8 +132,7 @@ class LatticeGenerator(MethodGenerator):
             window_valid.append(valid[:, span].index_select(2, digit))
         window_tokens = torch.stack(window_tokens, dim=-1)  # (batch, positions + 1, states, order)
         state_valid = torch.stack(window_valid, dim=-1).all(dim=-1)
-        t = torch.arange(1, positions + 2, device=device).view(-1, 1)
-        window_positions = (t - order + torch.arange(order, device=device).view(1, -1) + 1).clamp(min=0)
+        window_positions = self.scorer.window_positions(torch.arange(1, positions + 2, device=device))
         window_positions = window_positions.view(1, positions + 1, 1, order).expand_as(window_tokens)
         return window_tokens, window_positions, state_valid
 

@@ -42,6 +42,11 @@ TABLE_VERSION = 1
 UNIGRAM_FILL = 1e-9
 
 
+def never_candidates(dictionary) -> List[int]:
+    """Symbols that never enter a lattice: padding, BOS, and EOS (a path's end, not a lattice token)."""
+    return sorted({dictionary.pad(), dictionary.bos(), dictionary.eos()})
+
+
 def dictionary_fingerprint(dictionary) -> str:
     """A digest of a fairseq dictionary's symbols in order (what token ids mean)."""
     digest = hashlib.sha256()

@@ -160,17 +160,20 @@ class LatticeScorer(FairseqDecoder):
         x = x[:, :, -1]
         return self.layer_norm(x) if self.layer_norm is not None else x
 
+    def window_positions(self, targets: Tensor) -> Tensor:
+        """Position indices of the windows of rows that predict target positions ``targets`` (1-based):
+        (..., order). y_i (y_0 = BOS) is embedded at index i + 1; padding before BOS at index 0."""
+        offsets = torch.arange(1 - self.markov_order, 1, device=targets.device)
+        return (targets.unsqueeze(-1) + offsets).clamp(min=0)
+
     # ---- training: the windows of prev_output_tokens ------------------------------------------------
     def training_windows(self, prev_output_tokens: Tensor):
-        """Row t holds prev_output_tokens[t - order + 1 .. t] at positions t - order + 2 .. t + 1."""
+        """Row t (0-based, predicting y_{t+1}) holds prev_output_tokens[t - order + 1 .. t]."""
         batch, length = prev_output_tokens.shape
-        order = self.markov_order
-        padded = F.pad(prev_output_tokens, (order - 1, 0), value=self.padding_idx)
-        tokens = padded.unfold(1, order, 1)  # (batch, length, order)
-        positions = torch.arange(length, device=prev_output_tokens.device).unsqueeze(1) + \
-            torch.arange(2 - order, 2, device=prev_output_tokens.device).unsqueeze(0)
-        positions = positions.clamp(min=0).unsqueeze(0).expand(batch, -1, -1)
-        return tokens, positions
+        padded = F.pad(prev_output_tokens, (self.markov_order - 1, 0), value=self.padding_idx)
+        tokens = padded.unfold(1, self.markov_order, 1)  # (batch, length, order)
+        targets = torch.arange(1, length + 1, device=prev_output_tokens.device)
+        return tokens, self.window_positions(targets).unsqueeze(0).expand(batch, -1, -1)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         if incremental_state is not None:
