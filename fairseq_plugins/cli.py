@@ -146,8 +146,15 @@ def add_lattice_parsers(subparsers):
     add_lattice_recall_parser(subparsers)
 
 
+def add_shortlist_parser(subparsers):
+    from .rnn_fc.commands import add_shortlist_parser as add
+
+    add(subparsers)
+
+
 SUBCOMMANDS = [add_prepare_parser, add_prepare_lm_parser, add_detok_parser, add_bench_parser, add_saliency_parser,
-               add_ngram_precision_parser, add_align_parser, add_lattice_parsers, add_user_dir_parser]
+               add_ngram_precision_parser, add_align_parser, add_lattice_parsers, add_shortlist_parser,
+               add_user_dir_parser]
 
 
 def main(argv=None):

@@ -5,6 +5,7 @@ Two backends write the same Pharaoh ``i-j`` lines (source position i, target pos
 - ``systran`` (default): systran-align, the fast_align library in a pip wheel. It trains fast_align's
   forward and reverse models (diagonal tension 4) and symmetrises with grow-diag-final-and, as the
   command-line recipe below does; nothing to build. Run on one OpenMP thread: reproducible output.
+  ``--lexical-table`` decodes the forward model's binary table into fast_align's ``-p`` text format.
 - ``fast_align``: a user-built fast_align driven by subprocess, the recipe of its README: forward
   ``-d -o -v``, reverse ``-d -o -v -r``, ``atools -c grow-diag-final-and``; ``--lexical-table`` keeps the
   forward model's ``-p`` table. ``OMP_NUM_THREADS=1`` makes its output reproducible.
@@ -12,8 +13,10 @@ Two backends write the same Pharaoh ``i-j`` lines (source position i, target pos
 
 import contextlib
 import logging
+import math
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -39,14 +42,13 @@ def add_align_parser(subparsers):
     p.add_argument("--atools", default=None,
                    help="atools binary (default: $ATOOLS, then atools beside fast_align, then PATH)")
     p.add_argument("--lexical-table", default=None,
-                   help="fast_align backend: also write the forward model's lexical table (its -p output)")
+                   help="also write the forward model's lexical table, ln p(target | source), in fast_align's -p "
+                        "text format (both backends)")
     p.add_argument("--iterations", type=int, default=5, help="EM iterations of each direction")
     p.set_defaults(run=_run_align)
 
 
 def _run_align(args, argv=None) -> None:
-    if args.lexical_table and args.backend != "fast_align":
-        raise InputError("--lexical-table: only the fast_align backend writes fast_align's -p table")
     alignments = align_corpus(args.source, args.target, backend=args.backend, fast_align=args.fast_align,
                               atools=args.atools, lexical_table=args.lexical_table, iterations=args.iterations)
     write_pharaoh(args.output, alignments)
@@ -73,12 +75,12 @@ def align_corpus(source_path: str, target_path: str, backend: str = "systran", f
             for src, tgt in zip(source, target):
                 f.write(f"{' '.join(src.split())} ||| {' '.join(tgt.split())}\n")
         if backend == "systran":
-            return _align_systran(corpus, source, target, scratch, iterations)
+            return _align_systran(corpus, source, target, scratch, iterations, lexical_table)
         return _align_fast_align(corpus, len(source), scratch, fast_align, atools, lexical_table, iterations)
 
 
 def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], scratch: str,
-                   iterations: int) -> List[Alignment]:
+                   iterations: int, lexical_table: Optional[str] = None) -> List[Alignment]:
     try:
         import systran_align
     except ImportError as e:
@@ -94,7 +96,41 @@ def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], sc
             results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
                                           [t.split() for t in target[start:start + chunk]])
             alignments.extend(sorted(set(r["alignments"])) for r in results)
+    if lexical_table:
+        with atomic_output(lexical_table) as out:
+            for source_word, target_word, probability in read_systran_probabilities(forward):
+                if probability > 0:
+                    out.write(f"{source_word}\t{target_word}\t{math.log(probability):.6g}\n")
     return alignments
+
+
+def read_systran_probabilities(path: str) -> Iterator[Tuple[str, str, float]]:
+    """(source word, target word, p(target | source)) of a systran-align probabilities file.
+
+    Its layout (fast_align's lexical table, serialised by systran-align): int32 version, int32 word count,
+    that many NUL-terminated words (word id = position + 1, ``<eps>`` first), int32 table size, then per
+    source word with entries: int32 word id, int32 entry count, that many (int32 target id, float32 p).
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    version = None
+    try:
+        version, count = struct.unpack_from("<ii", data, 0)
+        position = 8
+        words = []
+        for _ in range(count):
+            end = data.index(b"\0", position)
+            words.append(data[position:end].decode("utf-8"))
+            position = end + 1
+        position += 4  # the table's size (dense, in word ids); only rows with entries follow
+        while position < len(data):
+            source_id, entries = struct.unpack_from("<ii", data, position)
+            position += 8
+            for target_id, probability in struct.iter_unpack("<if", data[position:position + 8 * entries]):
+                yield words[source_id - 1], words[target_id - 1], probability
+            position += 8 * entries
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
+        raise RuntimeError(f"{path}: not a systran-align probabilities file (format version {version}): {e}") from e
 
 
 @contextlib.contextmanager

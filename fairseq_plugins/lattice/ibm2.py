@@ -21,7 +21,6 @@ backs off to the diagonal a = round(t * S / |y|-estimate). The file records the 
 fairseq dictionaries it was built with; loading it with other dictionaries is an error.
 """
 
-import hashlib
 import logging
 import os
 from collections import defaultdict
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..common.align import Alignment
+from ..common.dictionaries import dictionary_fingerprint
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -45,14 +45,6 @@ UNIGRAM_FILL = 1e-9
 def never_candidates(dictionary) -> List[int]:
     """Symbols that never enter a lattice: padding, BOS, and EOS (a path's end, not a lattice token)."""
     return sorted({dictionary.pad(), dictionary.bos(), dictionary.eos()})
-
-
-def dictionary_fingerprint(dictionary) -> str:
-    """A digest of a fairseq dictionary's symbols in order (what token ids mean)."""
-    digest = hashlib.sha256()
-    for symbol in dictionary.symbols:
-        digest.update(symbol.encode("utf-8") + b"\n")
-    return digest.hexdigest()[:16]
 
 
 def _spread_links(links: Alignment, source_length: int, target_length: int) -> List[List[int]]:

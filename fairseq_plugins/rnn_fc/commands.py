@@ -1,0 +1,47 @@
+"""``fairseq-plugins shortlist``: candidate lists from an aligner's lexical table and the data's dictionaries."""
+
+import logging
+import os
+
+from fairseq.data import Dictionary
+
+from ..common.textio import InputError
+from .shortlist import Shortlist, read_lexical_table
+
+logger = logging.getLogger(__name__)
+
+
+def add_shortlist_parser(subparsers):
+    p = subparsers.add_parser(
+        "shortlist", help="candidate lists for fast decoding: top translations per source word + frequent words",
+        description="Each source token's top --top translations by p(target | source) from a lexical table "
+                    "(`fairseq-plugins align --lexical-table`, or fast_align -p), plus the --frequent most "
+                    "frequent target tokens; decode with --task rnn_fc_translation --rnn-fc-shortlist FILE.")
+    p.add_argument("--lexical-table", required=True,
+                   help="source<TAB>target<TAB>ln p(target | source) lines, in the tokens the data was binarised from")
+    p.add_argument("--data-bin", required=True, help="fairseq-preprocess output (its dictionaries)")
+    p.add_argument("-s", "--source-lang", required=True, help="source language suffix, e.g. en")
+    p.add_argument("-t", "--target-lang", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--top", type=int, default=20, help="translations kept per source token")
+    p.add_argument("--frequent", type=int, default=100, help="most frequent target tokens every list holds")
+    p.add_argument("--output", required=True, help="write the candidate lists here (.pt)")
+    p.set_defaults(run=_run_shortlist)
+
+
+def _dictionary(data_bin: str, lang: str) -> Dictionary:
+    path = os.path.join(data_bin, f"dict.{lang}.txt")
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such dictionary (is --data-bin a fairseq-preprocess output for -s/-t?)")
+    return Dictionary.load(path)
+
+
+def _run_shortlist(args, argv=None) -> None:
+    src_dict = _dictionary(args.data_bin, args.source_lang)
+    tgt_dict = _dictionary(args.data_bin, args.target_lang)
+    table = read_lexical_table(args.lexical_table)
+    shortlist = Shortlist.build(table, src_dict, tgt_dict, top=args.top, frequent=args.frequent,
+                                source=os.path.abspath(args.lexical_table))
+    shortlist.save(args.output)
+    meta = shortlist.meta
+    logger.info("%s: %s; table words not in the dictionaries: %d source, %d target", args.output,
+                shortlist.summary(), meta["source_words_not_in_dictionary"], meta["target_words_not_in_dictionary"])

@@ -1,0 +1,347 @@
+"""``rnn_fc``: Devlin (2017)'s fast CPU model. A bidirectional GRU encoder; a decoder whose only recurrence
+is one attentional GRU (AttGRU) at the bottom, followed by stacked fully-connected ReLU layers applied at
+every step, a top FC-tanh (or GRU) layer and the softmax.
+
+AttGRU, one target step (h: decoder state, e: embedding of the previous target token, s_j: encoder states):
+    x = W e + b_x            [q | z | r | n] parts, input projections (the lookup of --rnn-fc-precompute-words)
+    u = U h + b_u            [q | z | r | n] parts, state projections (merged across beam rows sharing h)
+    alpha = softmax_j(v . tanh(K s_j + x_q + u_q))          attention from the previous state and input;
+    c = sum_j alpha_j s_j                                   K s_j is computed once a sentence
+    g = C c                  [z | r | n] parts: the context enters every gate
+    z = sigmoid(x_z + u_z + g_z),  r = sigmoid(x_r + u_r + g_r)
+    h' = (1 - z) * tanh(x_n + g_n + r * u_n) + z * h
+Then f_0 = [h'; c], f_i = relu(F_i f_{i-1}) (+ f_{i-1} on every second layer, once sizes match), clipped to
+--rnn-fc-activation-clip; top o = tanh(T f_N) (or a GRU over f_N); logits = O o.
+
+The decoder exposes these pieces (input_projection, state_projection, source_keys, attend, ...) so that the
+fast generator (generator.py) can switch each speedup on and off; ``forward`` runs the same pieces over a
+whole target sequence for fairseq-train, and the incremental path makes stock fairseq-generate work too.
+"""
+
+import logging
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq import utils
+from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder, register_model,
+                            register_model_architecture)
+from fairseq.modules import FairseqDropout
+
+from ..baseline.model import _default
+
+logger = logging.getLogger(__name__)
+
+TOP_LAYERS = ("tanh", "gru")
+
+
+def _embedding(dictionary, dim: int) -> nn.Embedding:
+    embedding = nn.Embedding(len(dictionary), dim, padding_idx=dictionary.pad())
+    nn.init.normal_(embedding.weight, mean=0, std=dim ** -0.5)
+    nn.init.constant_(embedding.weight[dictionary.pad()], 0)
+    return embedding
+
+
+class RnnFcEncoder(FairseqEncoder):
+    """Embeddings and a --encoder-layers bidirectional GRU; the decoder's first state from the mean state."""
+
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        self.padding_idx = dictionary.pad()
+        self.dropout_in = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        self.gru = nn.GRU(embed_tokens.embedding_dim, args.encoder_hidden_size, num_layers=args.encoder_layers,
+                          bidirectional=True, dropout=args.dropout if args.encoder_layers > 1 else 0.0)
+        self.output_dim = 2 * args.encoder_hidden_size
+        self.init_state = nn.Linear(self.output_dim, args.decoder_hidden_size)
+        self.max_source_positions = args.max_source_positions
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor, **kwargs):
+        # fairseq pads sources on the left by default; packing wants them on the right.
+        src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
+        padding_mask = src_tokens.eq(self.padding_idx)  # (B, T)
+        lengths = (~padding_mask).long().sum(1)
+        x = self.dropout_in(self.embed_tokens(src_tokens))  # (B, T, d)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        states, _ = self.gru(packed)
+        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=src_tokens.size(1))
+        valid = (~padding_mask).unsqueeze(-1).type_as(states)
+        mean = (states * valid).sum(1) / valid.sum(1).clamp(min=1)
+        init = torch.tanh(self.init_state(mean))
+        return {
+            "encoder_out": [states],  # (B, T, 2 * hidden), batch first
+            "encoder_padding_mask": [padding_mask],
+            "decoder_init_state": [init],
+        }
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return {key: [value.index_select(0, new_order) for value in values] for key, values in encoder_out.items()}
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class RnnFcDecoder(FairseqIncrementalDecoder):
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_dim: int):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        embed_dim = embed_tokens.embedding_dim
+        hidden, att = args.decoder_hidden_size, args.rnn_fc_attention_dim
+        self.hidden_size, self.attention_dim, self.encoder_dim = hidden, att, encoder_dim
+        self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        self.input_proj = nn.Linear(embed_dim, att + 3 * hidden)
+        self.state_proj = nn.Linear(hidden, att + 3 * hidden)
+        self.key_proj = nn.Linear(encoder_dim, att, bias=False)
+        self.attention_v = nn.Linear(att, 1, bias=False)
+        self.context_proj = nn.Linear(encoder_dim, 3 * hidden, bias=False)
+        sizes = [hidden + encoder_dim] + [args.rnn_fc_fc_dim] * args.rnn_fc_fc_layers
+        self.fc_layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.activation_clip = args.rnn_fc_activation_clip
+        self.top = args.rnn_fc_top
+        if self.top not in TOP_LAYERS:
+            raise ValueError(f"--rnn-fc-top {self.top}: choose one of {', '.join(TOP_LAYERS)}")
+        out_dim = args.decoder_output_dim
+        if self.top == "tanh":
+            self.top_layer = nn.Linear(sizes[-1], out_dim)
+        else:
+            self.top_layer = nn.GRU(sizes[-1], out_dim)
+        if args.share_decoder_input_output_embed:
+            if out_dim != embed_dim:
+                raise ValueError(f"--share-decoder-input-output-embed needs --decoder-output-dim ({out_dim}) "
+                                 f"== --decoder-embed-dim ({embed_dim})")
+            self.output_projection = nn.Linear(out_dim, len(dictionary), bias=False)
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            self.output_projection = nn.Linear(out_dim, len(dictionary), bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0, std=out_dim ** -0.5)
+        self.max_target_positions = args.max_target_positions
+
+    # ---- the pieces of one step ----------------------------------------------------------------------
+    def input_projection(self, tokens: Tensor) -> Tensor:
+        """W e + b_x of the previous target tokens: (...,) -> (..., att + 3 hidden)."""
+        return self.input_proj(self.dropout_module(self.embed_tokens(tokens)))
+
+    def state_projection(self, state: Tensor) -> Tensor:
+        """U h + b_u: (n, hidden) -> (n, att + 3 hidden)."""
+        return self.state_proj(state)
+
+    def source_keys(self, encoder_states: Tensor) -> Tensor:
+        """K s_j: (B, T, encoder_dim) -> (B, T, att)."""
+        return self.key_proj(encoder_states)
+
+    def attend(self, query: Tensor, keys: Tensor, values: Tensor, padding_mask: Tensor) -> Tensor:
+        """Context vectors of k query rows per sentence. query (B, k, att), keys (B, T, att), values
+        (B, T, encoder_dim), padding_mask (B, T) -> (B, k, encoder_dim)."""
+        energies = self.attention_v(torch.tanh(keys.unsqueeze(1) + query.unsqueeze(2))).squeeze(-1)  # (B, k, T)
+        energies = energies.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
+        return torch.bmm(torch.softmax(energies, dim=-1), values)
+
+    def gru_update(self, input_part: Tensor, state_part: Tensor, context: Tensor, state: Tensor) -> Tensor:
+        """The GRU gates from the three projections (the query parts are skipped) -> the new state."""
+        att, hidden = self.attention_dim, self.hidden_size
+        gates = self.context_proj(context)
+        x_z, x_r, x_n = input_part[..., att:].split(hidden, dim=-1)
+        u_z, u_r, u_n = state_part[..., att:].split(hidden, dim=-1)
+        g_z, g_r, g_n = gates.split(hidden, dim=-1)
+        z = torch.sigmoid(x_z + u_z + g_z)
+        r = torch.sigmoid(x_r + u_r + g_r)
+        return (1 - z) * torch.tanh(x_n + g_n + r * u_n) + z * state
+
+    def fc_stack(self, state: Tensor, context: Tensor) -> Tensor:
+        x = torch.cat([state, context], dim=-1)
+        for i, layer in enumerate(self.fc_layers):
+            y = torch.relu(layer(self.dropout_module(x)))
+            # A skip connection on every second layer (the first has a different input size).
+            if i % 2 == 1 and y.shape == x.shape:
+                y = y + x
+            x = y.clamp(max=self.activation_clip) if self.activation_clip > 0 else y
+        return x
+
+    def top_step(self, features: Tensor, top_state: Optional[Tensor]):
+        """One step of the top layer: (n, fc) -> ((n, out), new top state or None)."""
+        features = self.dropout_module(features)
+        if self.top == "tanh":
+            return torch.tanh(self.top_layer(features)), None
+        out, new_state = self.top_layer(features.unsqueeze(0), None if top_state is None else top_state.unsqueeze(0))
+        return out.squeeze(0), new_state.squeeze(0)
+
+    def logits(self, outputs: Tensor, candidates: Optional[Tensor] = None) -> Tensor:
+        """Output layer over the whole vocabulary, or over ``candidates`` (a candidate list) only."""
+        outputs = self.dropout_module(outputs)
+        if candidates is None:
+            return self.output_projection(outputs)
+        return F.linear(outputs, self.output_projection.weight[candidates])
+
+    def step(self, input_part: Tensor, state: Tensor, state_part: Tensor, keys: Tensor, values: Tensor,
+             padding_mask: Tensor):
+        """AttGRU for k rows per sentence given their projections: (B, k, .) tensors -> (new state, context)."""
+        att = self.attention_dim
+        context = self.attend(input_part[..., :att] + state_part[..., :att], keys, values, padding_mask)
+        return self.gru_update(input_part, state_part, context, state), context
+
+    # ---- fairseq interface -----------------------------------------------------------------------------
+    def forward(self, prev_output_tokens: Tensor, encoder_out=None, incremental_state=None, features_only=False,
+                **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def extract_features(self, prev_output_tokens: Tensor, encoder_out=None, incremental_state=None, **kwargs):
+        values = encoder_out["encoder_out"][0]
+        padding_mask = encoder_out["encoder_padding_mask"][0]
+        cached = self.get_incremental_state(incremental_state, "rnn_fc_state") if incremental_state is not None \
+            else None
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        if cached is None:
+            state = encoder_out["decoder_init_state"][0]
+            keys = self.source_keys(values)
+            top_state = None
+        else:
+            state, keys, top_state = cached["state"], cached["keys"], cached.get("top_state")
+        inputs = self.input_projection(prev_output_tokens)  # (B, T, .)
+        states, contexts = [], []
+        for t in range(prev_output_tokens.size(1)):
+            state_part = self.state_projection(state)
+            state, context = self.step(inputs[:, t:t + 1], state.unsqueeze(1), state_part.unsqueeze(1), keys, values,
+                                       padding_mask)
+            state, context = state.squeeze(1), context.squeeze(1)
+            states.append(state)
+            contexts.append(context)
+        features = self.fc_stack(torch.stack(states, 1), torch.stack(contexts, 1))  # (B, T, fc)
+        if self.top == "tanh":
+            outputs, _ = self.top_step(features, None)
+        else:
+            features = self.dropout_module(features)
+            out, last = self.top_layer(features.transpose(0, 1), None if top_state is None else top_state.unsqueeze(0))
+            outputs, top_state = out.transpose(0, 1), last.squeeze(0)
+        if incremental_state is not None:
+            new_cache = {"state": state, "keys": keys}
+            if top_state is not None:
+                new_cache["top_state"] = top_state
+            self.set_incremental_state(incremental_state, "rnn_fc_state", new_cache)
+        return outputs, {"attn": None}
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        return self.logits(features)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        cached = self.get_incremental_state(incremental_state, "rnn_fc_state")
+        if cached is None:
+            return
+        self.set_incremental_state(incremental_state, "rnn_fc_state",
+                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+@register_model("rnn_fc")
+class RnnFcModel(FairseqEncoderDecoderModel):
+    """Devlin (2017): bidirectional GRU encoder, AttGRU + stacked FC-ReLU decoder (see the module docstring)."""
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--dropout", type=float, metavar="D", help="dropout probability")
+        parser.add_argument("--encoder-embed-dim", type=int, metavar="N", help="source embedding size")
+        parser.add_argument("--encoder-hidden-size", type=int, metavar="N", help="encoder GRU size per direction")
+        parser.add_argument("--encoder-layers", type=int, metavar="N", help="bidirectional GRU layers")
+        parser.add_argument("--decoder-embed-dim", type=int, metavar="N", help="target embedding size")
+        parser.add_argument("--decoder-hidden-size", type=int, metavar="N", help="AttGRU state size")
+        parser.add_argument("--decoder-output-dim", type=int, metavar="N",
+                            help="size of the top (FC-tanh or GRU) layer, the softmax's input")
+        parser.add_argument("--rnn-fc-attention-dim", type=int, metavar="N", help="attention hidden size")
+        parser.add_argument("--rnn-fc-fc-layers", type=int, metavar="N",
+                            help="stacked fully-connected ReLU layers above the AttGRU")
+        parser.add_argument("--rnn-fc-fc-dim", type=int, metavar="N", help="size of each fully-connected layer")
+        parser.add_argument("--rnn-fc-top", choices=TOP_LAYERS, help="top layer below the softmax: FC-tanh or GRU")
+        parser.add_argument("--rnn-fc-weight-clip", type=float, metavar="W",
+                            help="keep every weight matrix in [-W, W] during training, so that it fits a "
+                                 "low-precision range (0: off)")
+        parser.add_argument("--rnn-fc-activation-clip", type=float, metavar="A",
+                            help="clip the fully-connected activations to at most A (0: off)")
+        parser.add_argument("--share-decoder-input-output-embed", action="store_true",
+                            help="tie the softmax weights to the target embeddings")
+        parser.add_argument("--share-all-embeddings", action="store_true",
+                            help="one embedding for source and target (needs a joint dictionary)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        rnn_fc_base(args)
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        encoder_embed = _embedding(src_dict, args.encoder_embed_dim)
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings needs a joint dictionary (the same dict for both sides)")
+            if args.encoder_embed_dim != args.decoder_embed_dim:
+                raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+            decoder_embed = encoder_embed
+        else:
+            decoder_embed = _embedding(tgt_dict, args.decoder_embed_dim)
+        encoder = RnnFcEncoder(args, src_dict, encoder_embed)
+        decoder = RnnFcDecoder(args, tgt_dict, decoder_embed, encoder.output_dim)
+        return cls(encoder, decoder, weight_clip=args.rnn_fc_weight_clip)
+
+    def __init__(self, encoder, decoder, weight_clip: float = 0.0):
+        super().__init__(encoder, decoder)
+        self.weight_clip = weight_clip
+
+    def clipped_weights(self):
+        """The matrices --rnn-fc-weight-clip keeps in range: every Linear and GRU weight (not embeddings)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.GRU)):
+                for name, param in module.named_parameters(recurse=False):
+                    if name.startswith("weight") and param is not self.decoder.embed_tokens.weight:
+                        yield param
+
+    def clip_weights(self) -> None:
+        if self.weight_clip > 0:
+            with torch.no_grad():
+                for param in self.clipped_weights():
+                    param.clamp_(-self.weight_clip, self.weight_clip)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        # Projected training: each update's weights are put back in range before they are used.
+        if self.training:
+            self.clip_weights()
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+# ---- presets ------------------------------------------------------------------------------------------
+def _set(args, **values):
+    for name, value in values.items():
+        _default(args, name, value)
+
+
+@register_model_architecture("rnn_fc", "rnn_fc")
+def rnn_fc_base(args):
+    """Every default; the other presets set what they change first."""
+    _set(args, dropout=0.2, encoder_embed_dim=512, encoder_hidden_size=512, encoder_layers=3)
+    _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_hidden_size=512, rnn_fc_attention_dim=512,
+         rnn_fc_fc_layers=7, rnn_fc_fc_dim=1024, rnn_fc_top="tanh", rnn_fc_weight_clip=0.0,
+         rnn_fc_activation_clip=0.0, share_decoder_input_output_embed=False, share_all_embeddings=False,
+         max_source_positions=1024, max_target_positions=1024)
+    _set(args, decoder_output_dim=args.decoder_embed_dim)
+    args.rnn_fc_top = str(args.rnn_fc_top)  # checkpoints pickle args: a plain str, never a ChoiceEnum value
+
+
+@register_model_architecture("rnn_fc", "rnn_fc_multi30k")
+def rnn_fc_multi30k(args):
+    """Sized for Multi30k on two CPU cores (the baseline transformer's 256-d, joint dictionary)."""
+    _set(args, encoder_embed_dim=256, encoder_hidden_size=256, decoder_hidden_size=256, rnn_fc_attention_dim=256,
+         rnn_fc_fc_layers=4, rnn_fc_fc_dim=512, dropout=0.3, share_all_embeddings=True,
+         share_decoder_input_output_embed=True, rnn_fc_weight_clip=1.0, rnn_fc_activation_clip=16.0)
+    rnn_fc_base(args)
+
+
+@register_model_architecture("rnn_fc", "rnn_fc_tiny")
+def rnn_fc_tiny(args):
+    """For the tests and the demo."""
+    _set(args, encoder_embed_dim=64, encoder_hidden_size=64, encoder_layers=2, decoder_hidden_size=64,
+         rnn_fc_attention_dim=64, rnn_fc_fc_layers=2, rnn_fc_fc_dim=128, dropout=0.1)
+    rnn_fc_base(args)

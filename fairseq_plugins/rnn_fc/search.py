@@ -1,0 +1,184 @@
+"""Beam search over a step model, with fairseq's rules and Devlin (2017)'s early stopping.
+
+The search is fairseq's SequenceGenerator's (so that, with no switch on, it gives fairseq's outputs): each
+step takes the 2 x beam best continuations; EOS among the first beam of them finishes a hypothesis (score
+normalised by length ** lenpen unless --unnormalized); the first beam that are not EOS form the next beam;
+a sentence is done with beam finished hypotheses, or at its maximum length (EOS forced).
+
+What it adds:
+- the step model sees each new beam's parents (``parents``) instead of reordered states, so a model can
+  compute what depends only on the previous state once per distinct parent (merged recurrent states);
+- the output layer may run over a per-sentence candidate list (``candidates``: vocabulary ids), the search
+  maps the picked columns back to vocabulary ids;
+- early stopping (``early_stop_delta``): a sentence is done once its best unfinished hypothesis is more
+  than delta below its best finished one, both as cumulative log-probabilities. A continuation can only
+  lower a cumulative log-probability, so with --unnormalized no stopped hypothesis could have won; with
+  length normalisation a long one could in principle, which is why the BLEU of each setting is measured.
+"""
+
+from typing import Dict, List, Optional, Protocol, Tuple
+
+import torch
+from torch import Tensor
+
+
+class StepModel(Protocol):
+    def start(self, sample: Dict, candidates: Optional[Tensor]) -> None:
+        """Encode the batch; ``candidates`` (B, C) are each sentence's output ids (None: the vocabulary)."""
+
+    def step(self, tokens: Tensor, parents: Optional[Tensor]) -> Tensor:
+        """Log-probabilities (B, k, C) of the next token after ``tokens`` (B, k), the last token of each of the
+        k hypotheses of every sentence; ``parents`` (B, k) are the rows of the previous step they extend
+        (None at the first step)."""
+
+
+class BeamSearch:
+    def __init__(self, tgt_dict, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
+                 lenpen: float = 1.0, normalize_scores: bool = True, unk_penalty: float = 0.0, nbest: int = 1,
+                 early_stop_delta: Optional[float] = None, max_len: int = 1024):
+        if nbest > beam:
+            raise ValueError(f"--nbest {nbest} cannot exceed --beam {beam}")
+        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
+        self.beam, self.nbest = beam, nbest
+        self.max_len_a, self.max_len_b, self.max_len = max_len_a, max_len_b, max_len
+        self.min_len, self.lenpen, self.normalize_scores = min_len, lenpen, normalize_scores
+        self.unk_penalty = unk_penalty
+        self.early_stop_delta = early_stop_delta
+        self.steps = 0  # decoder steps of the last search (for statistics)
+        self.stopped_early = 0
+
+    def search(self, model: StepModel, sample: Dict, candidates: Optional[Tensor] = None,
+               candidate_valid: Optional[Tensor] = None) -> List[List[Dict]]:
+        src_tokens = sample["net_input"]["src_tokens"]
+        batch, device = src_tokens.size(0), src_tokens.device
+        # As fairseq: the longest source of the batch sets every sentence's limit.
+        src_len = int(sample["net_input"]["src_lengths"].max())
+        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
+        model.start(sample, candidates)
+        beam = self.beam
+        if candidates is None:
+            ids = None
+            mask = None
+        else:
+            ids = candidates
+            mask = torch.zeros(candidates.shape, device=device)
+            mask.masked_fill_(~candidate_valid, float("-inf"))
+            mask = mask.unsqueeze(1)  # (B, 1, C)
+
+        tokens = torch.full((batch, 1, 1), self.eos, dtype=torch.long, device=device)  # BOS is EOS in fairseq
+        scores = torch.zeros(batch, 1, device=device)
+        positional = torch.zeros(batch, 1, 0, device=device)
+        parents = None
+        finished: List[List[Dict]] = [[] for _ in range(batch)]
+        done = [False] * batch
+        self.stopped_early = 0
+        step = 0
+        for step in range(max_len + 1):
+            lprobs = model.step(tokens[:, :, -1], parents).float()  # (B, k, C)
+            if mask is not None:
+                lprobs = lprobs + mask
+            width = lprobs.size(-1)
+            vocab_ids = ids
+            self._apply_rules(lprobs, vocab_ids, step, max_len)
+            k = lprobs.size(1)
+            cumulative = scores.unsqueeze(-1) + lprobs  # (B, k, C)
+            top = min(2 * beam, k * width)
+            values, flat = cumulative.view(batch, -1).topk(top, dim=1)
+            rows, columns = flat // width, flat % width
+            picked = columns if vocab_ids is None else vocab_ids.gather(1, columns)
+            is_eos = picked.eq(self.eos) & values.ne(float("-inf"))
+
+            eos_ranks = is_eos[:, :beam].tolist()
+            for b in range(batch):
+                if done[b]:
+                    continue
+                for rank, eos in enumerate(eos_ranks[b]):
+                    if eos and len(finished[b]) < beam:
+                        row = rows[b, rank]
+                        finished[b].append(self._hypothesis(tokens[b, row], positional[b, row], float(values[b, rank]),
+                                                            float(values[b, rank] - scores[b, row]), step))
+                if len(finished[b]) >= beam or step == max_len:
+                    done[b] = True
+            if all(done) or step == max_len:
+                break
+
+            # The next beam: the first `beam` candidates that are not EOS (fairseq's active hypotheses).
+            blocked = is_eos | values.eq(float("-inf"))
+            order = torch.sort(blocked.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
+            new_values = values.gather(1, order)
+            parents = rows.gather(1, order)
+            new_tokens = picked.gather(1, order)
+            step_scores = new_values - scores.gather(1, parents)
+            tokens = torch.cat([tokens.gather(1, parents.unsqueeze(-1).expand(-1, -1, tokens.size(2))),
+                                new_tokens.unsqueeze(-1)], dim=2)
+            positional = torch.cat([positional.gather(1, parents.unsqueeze(-1).expand(-1, -1, positional.size(2))),
+                                    step_scores.unsqueeze(-1)], dim=2)
+            scores = new_values
+
+            if self.early_stop_delta is not None:
+                for b in range(batch):
+                    if not done[b] and finished[b]:
+                        best_finished = max(h["cumulative"] for h in finished[b])
+                        if float(scores[b].max()) < best_finished - self.early_stop_delta:
+                            done[b] = True
+                            self.stopped_early += 1
+                if all(done):
+                    break
+        self.steps = step + 1
+        results = []
+        for b in range(batch):
+            hypotheses = sorted(finished[b], key=lambda h: -h["score"])[:self.nbest]
+            for h in hypotheses:
+                h.pop("cumulative")
+            results.append(hypotheses)
+        return results
+
+    def _apply_rules(self, lprobs: Tensor, vocab_ids: Optional[Tensor], step: int, max_len: int) -> None:
+        """fairseq's per-step rules, in place: no padding, unknown-word penalty, only EOS at the maximum length,
+        no EOS before --min-len. ``vocab_ids`` (B, C): the vocabulary id of each column (None: column = id)."""
+        inf = float("-inf")
+        if vocab_ids is None:
+            lprobs[:, :, self.pad] = inf
+            if self.unk_penalty:
+                lprobs[:, :, self.unk] -= self.unk_penalty
+            if step >= max_len:
+                eos = lprobs[:, :, self.eos].clone()
+                lprobs.fill_(inf)
+                lprobs[:, :, self.eos] = eos
+            elif step < self.min_len:
+                lprobs[:, :, self.eos] = inf
+            return
+        is_eos = vocab_ids.eq(self.eos).unsqueeze(1)
+        lprobs.masked_fill_(vocab_ids.eq(self.pad).unsqueeze(1), inf)
+        if self.unk_penalty:
+            lprobs.sub_(vocab_ids.eq(self.unk).unsqueeze(1).float() * self.unk_penalty)
+        if step >= max_len:
+            lprobs.masked_fill_(~is_eos, inf)
+        elif step < self.min_len:
+            lprobs.masked_fill_(is_eos, inf)
+
+    def _hypothesis(self, prefix: Tensor, positional: Tensor, cumulative: float, eos_score: float,
+                    step: int) -> Dict:
+        length = step + 1  # tokens including EOS
+        score = cumulative / length ** self.lenpen if self.normalize_scores else cumulative
+        tokens = torch.cat([prefix[1:], prefix.new_tensor([self.eos])])
+        return {
+            "tokens": tokens,
+            "score": score,
+            "cumulative": cumulative,
+            "positional_scores": torch.cat([positional, positional.new_tensor([eos_score])]),
+            "attention": None,
+            "alignment": torch.empty(0),
+        }
+
+
+def flat_rows(parents: Tensor, previous_rows: int) -> Tensor:
+    """(B, k) parent rows within each sentence -> (B * k,) rows of the previous step's flat (B * k') layout."""
+    batch = parents.size(0)
+    offsets = torch.arange(batch, device=parents.device).unsqueeze(1) * previous_rows
+    return (parents + offsets).view(-1)
+
+
+def unique_rows(rows: Tensor) -> Tuple[Tensor, Tensor]:
+    """Distinct rows and, for each row, its index among them."""
+    return torch.unique(rows, return_inverse=True)

@@ -1,0 +1,109 @@
+"""``rnn_fc_translation``: fairseq's translation task whose generator is RnnFcGenerator, with Devlin (2017)'s
+decoding switches as task flags. Decodes rnn_fc models (every switch) and any other fairseq encoder-decoder
+model, the baseline transformer included (candidate lists, int8, early stopping). Training needs nothing
+from it (``--task translation`` trains rnn_fc just as well).
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..common.generation import refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from .generator import RnnFcGenerator
+from .shortlist import Shortlist
+from .steppers import PRECISIONS, SPEEDUPS
+
+logger = logging.getLogger(__name__)
+
+
+def parse_speedups(value: str):
+    """'all', 'none' or a comma-separated subset of SPEEDUPS -> a tuple of names."""
+    value = value.strip()
+    if value == "all":
+        return SPEEDUPS
+    if value == "none":
+        return ()
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in SPEEDUPS]
+    if unknown or not names:
+        raise ValueError(f"--rnn-fc-speedups {value}: give all, none, or a comma-separated subset of "
+                         f"{', '.join(SPEEDUPS)}")
+    return names
+
+
+@dataclass
+class RnnFcTranslationConfig(TranslationConfig):
+    rnn_fc_speedups: str = field(
+        default="all",
+        metadata={"help": "exact speedups of rnn_fc decoding: all, none (the plain decoder), or a comma-separated "
+                          "subset of batched (beam-batched matmuls), embeddings (pre-computed input projections), "
+                          "attention (source keys once a sentence), merged (one state matmul per distinct parent)"},
+    )
+    rnn_fc_precompute_words: int = field(
+        default=20000, metadata={"help": "with the embeddings speedup: the N most frequent target words whose "
+                                         "input projections are looked up"},
+    )
+    rnn_fc_precision: ChoiceEnum(list(PRECISIONS)) = field(
+        default="fp32", metadata={"help": "matmul precision: fp32, or int8 weights (dynamic quantization; the "
+                                          "softmax's candidate rows keep the whole matrix's scale)"},
+    )
+    rnn_fc_shortlist: str = field(
+        default="", metadata={"help": "candidate lists from `fairseq-plugins shortlist`: the softmax runs over "
+                                      "each sentence's list only (empty: the whole vocabulary)"},
+    )
+    rnn_fc_early_stop: bool = field(
+        default=False, metadata={"help": "stop a sentence once its best unfinished hypothesis is more than "
+                                         "--rnn-fc-delta below its best finished one (cumulative log-probs)"},
+    )
+    rnn_fc_delta: float = field(default=3.0, metadata={"help": "the early-stopping margin delta"})
+
+
+@register_task("rnn_fc_translation", dataclass=RnnFcTranslationConfig)
+class RnnFcTranslationTask(TranslationTask):
+    cfg: RnnFcTranslationConfig
+
+    def __init__(self, cfg: RnnFcTranslationConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self._shortlist = None
+
+    def shortlist(self):
+        if not self.cfg.rnn_fc_shortlist:
+            return None
+        if self._shortlist is None:
+            self._shortlist = Shortlist.load(self.cfg.rnn_fc_shortlist, self.source_dictionary,
+                                             self.target_dictionary)
+            logger.info("candidate lists %s: %s", self.cfg.rnn_fc_shortlist, self._shortlist.summary())
+        return self._shortlist
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        refuse_unsupported_generation_flags(args, "rnn_fc decoding", extra={
+            "--temperature": getattr(args, "temperature", 1.0) != 1.0,
+            "--lm-path": bool(getattr(args, "lm_path", None)),
+        })
+        if self.cfg.rnn_fc_precompute_words < 0:
+            raise InputError(f"--rnn-fc-precompute-words {self.cfg.rnn_fc_precompute_words}: must not be negative")
+        if self.cfg.rnn_fc_early_stop and self.cfg.rnn_fc_delta < 0:
+            raise InputError(f"--rnn-fc-delta {self.cfg.rnn_fc_delta}: must not be negative")
+        try:
+            speedups = parse_speedups(self.cfg.rnn_fc_speedups)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        device = next(models[0].parameters()).device
+        if str(self.cfg.rnn_fc_precision) == "int8" and device.type != "cpu":
+            raise InputError("--rnn-fc-precision int8: fbgemm's int8 kernels run on the CPU only (add --cpu)")
+        shortlist = self.shortlist()
+        return RnnFcGenerator(
+            models, self.target_dictionary, beam=getattr(args, "beam", 6), speedups=speedups,
+            precompute_words=self.cfg.rnn_fc_precompute_words, precision=str(self.cfg.rnn_fc_precision),
+            shortlist=None if shortlist is None else shortlist.to(device),
+            early_stop_delta=self.cfg.rnn_fc_delta if self.cfg.rnn_fc_early_stop else None,
+            max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
+            min_len=getattr(args, "min_len", 1), lenpen=getattr(args, "lenpen", 1.0),
+            normalize_scores=not getattr(args, "unnormalized", False), unk_penalty=getattr(args, "unkpen", 0.0),
+            nbest=getattr(args, "nbest", 1),
+        )
