@@ -7,10 +7,20 @@
 #                 fc4-gru   a GRU top layer instead of FC-tanh
 #                 fc8-tanh  8 FC-ReLU layers
 #   align     : fairseq-plugins align --lexical-table of the training pieces (systran-align)
-#   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the most frequent pieces
-#   evaluate  : BLEU of every Table 1 row (fairseq-generate --task rnn_fc_translation, whole test set)
-#   bench     : fairseq-plugins bench, beam 6, one thread, one sentence at a time (the paper's setting)
-#   summary   : examples/rnn_fc/summarize.py -> RESULTS/rnn_fc_*.json
+#   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the 100 most frequent pieces
+#   table1    : paper Table 1 on fc4-tanh: each decoding switch added in turn; per row the BLEU of
+#               fairseq-generate on the whole test set and a bench row (vs fairseq's stock generator on the
+#               same model, same run) -> RESULTS/rnn_fc_table1.json
+#   table2    : paper Table 2: every SYSTEM after VARIANT_EPOCHS epochs (fc4-tanh: its epoch checkpoint),
+#               exact switches on -> RESULTS/rnn_fc_table2.json
+#   baseline  : the candidate-list, int8 and early-stopping switches on the baseline transformer (any fairseq
+#               model decodes with --task rnn_fc_translation) -> RESULTS/rnn_fc_baseline.json
+#   versus    : fc4-tanh (exact switches; all switches) against the baseline transformer at beam 6 in the same
+#               run -> RESULTS/rnn_fc_vs_baseline.json
+#   ctranslate2 : the baseline transformer converted by CTranslate2's fairseq converter, int8, one thread, same
+#               sentences (installs ctranslate2==4.8.5 if missing) -> RESULTS/rnn_fc_ctranslate2.json
+#   summary   : examples/rnn_fc/summarize.py -> RESULTS/rnn_fc_summary.{json,md}
+# Every bench: beam 6, one thread, one sentence at a time (the paper's setting), BENCH_LIMIT sentences.
 #
 # Usage: examples/rnn_fc/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
@@ -19,7 +29,7 @@
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
-STAGES=${STAGES:-train align shortlist evaluate bench summary}
+STAGES=${STAGES:-train align shortlist table1 table2 baseline versus ctranslate2 summary}
 SYSTEMS=${SYSTEMS:-fc4-tanh fc0-tanh fc4-gru fc8-tanh}
 EPOCHS=${EPOCHS:-12}
 VARIANT_EPOCHS=${VARIANT_EPOCHS:-3}
@@ -49,4 +59,119 @@ if stage train; then
       --label-smoothing 0.1 --max-tokens 4096 --max-epoch "$(epochs "$system")" --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --log-format simple --log-interval 50
   done
+fi
+
+LIST=$WORK/shortlist.pt
+BASELINE=$BASE/checkpoints/checkpoint_best.pt
+
+if stage align; then
+  record fairseq-plugins align --source "$DATA/tok/train.en" --target "$DATA/tok/train.de" \
+    --output "$WORK/train.align" --lexical-table "$WORK/lex.en-de.txt"
+fi
+
+if stage shortlist; then
+  record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
+    --top 20 --frequent 100 --output "$LIST"
+fi
+
+evaluate() {  # NAME CHECKPOINT [decoding flags...]: fairseq-generate of the whole test set at beam 6, sacreBLEU
+  # (env EVAL_TASK: the task that decodes, rnn_fc_translation unless given)
+  local name=$1 path=$2 out=$WORK/eval/$1
+  shift 2
+  mkdir -p "$(dirname "$out")"
+  OMP_NUM_THREADS=1 record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --task "${EVAL_TASK:-rnn_fc_translation}" \
+    --path "$path" --source-lang en --target-lang de --gen-subset test --beam 6 --batch-size 64 "$@" > "$out.out.tmp"
+  mv "$out.out.tmp" "$out.out"
+  fairseq-plugins detok "$DATA" --from-generate --input "$out.out" > "$out.de"
+  sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
+  echo "$name: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
+}
+
+bench_row() {  # JSON LABEL CHECKPOINT [bench and decoding flags...]: beam 6, one thread, batch 1
+  local json=$1 label=$2 path=$3
+  shift 3
+  fairseq-plugins bench --method rnn_fc --label "$label" --path "$path" --beam 6 --data "$DATA" --split test \
+    --threads 1 --batch-size 1 --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" \
+    --provenance "$COMMANDS" "$BASE/commands.txt" --json "$json" --append "$@"
+}
+
+# Paper Table 1: label|flags, each row adding one switch to the one before.
+TABLE1=(
+  "plain decoder|--rnn-fc-speedups none"
+  "+ beam-batched matmuls|--rnn-fc-speedups batched"
+  "+ pre-computed embeddings|--rnn-fc-speedups batched,embeddings"
+  "+ pre-computed attention|--rnn-fc-speedups batched,embeddings,attention"
+  "+ merged states|--rnn-fc-speedups all"
+  "+ early stopping|--rnn-fc-speedups all --rnn-fc-early-stop"
+  "+ int8|--rnn-fc-speedups all --rnn-fc-early-stop --rnn-fc-precision int8"
+  "+ candidate lists|--rnn-fc-speedups all --rnn-fc-early-stop --rnn-fc-precision int8 --rnn-fc-shortlist $LIST"
+)
+MAIN=$(checkpoint fc4-tanh)
+
+if stage table1; then
+  json=$RESULTS/rnn_fc_table1.json
+  rm -f "$json.tmp"
+  for i in "${!TABLE1[@]}"; do
+    label=${TABLE1[$i]%%|*}
+    read -r -a flags <<< "${TABLE1[$i]#*|}"
+    evaluate "table1-$i" "$MAIN" "${flags[@]}"
+    bench_row "$json.tmp" "$label" "$MAIN" "${flags[@]}"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage table2; then
+  json=$RESULTS/rnn_fc_table2.json
+  rm -f "$json.tmp"
+  for system in $SYSTEMS; do
+    path=$WORK/$system/checkpoints/checkpoint$VARIANT_EPOCHS.pt
+    evaluate "table2-$system" "$path"
+    bench_row "$json.tmp" "$system epoch $VARIANT_EPOCHS" "$path"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+# The switches that apply to any fairseq model, on the baseline transformer.
+BASELINE_ROWS=(
+  "transformer, this search|"
+  "+ candidate lists|--rnn-fc-shortlist $LIST"
+  "+ int8|--rnn-fc-precision int8"
+  "+ int8 + candidate lists|--rnn-fc-precision int8 --rnn-fc-shortlist $LIST"
+  "+ int8 + candidate lists + early stopping|--rnn-fc-precision int8 --rnn-fc-shortlist $LIST --rnn-fc-early-stop"
+)
+
+if stage baseline; then
+  json=$RESULTS/rnn_fc_baseline.json
+  rm -f "$json.tmp"
+  EVAL_TASK=translation evaluate baseline-stock "$BASELINE"  # stock fairseq, beam 6
+  for i in "${!BASELINE_ROWS[@]}"; do
+    label=${BASELINE_ROWS[$i]%%|*}
+    read -r -a flags <<< "${BASELINE_ROWS[$i]#*|}"
+    evaluate "baseline-$i" "$BASELINE" "${flags[@]}"
+    bench_row "$json.tmp" "$label" "$BASELINE" "${flags[@]}"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage versus; then
+  # The target: rnn_fc against the baseline transformer (stock fairseq, beam 6) decoded in the same run.
+  json=$RESULTS/rnn_fc_vs_baseline.json
+  rm -f "$json.tmp"
+  bench_row "$json.tmp" "fc4-tanh exact switches" "$MAIN" --baseline-path "$BASELINE"
+  read -r -a flags <<< "${TABLE1[-1]#*|}"
+  bench_row "$json.tmp" "fc4-tanh all switches" "$MAIN" --baseline-path "$BASELINE" "${flags[@]}"
+  mv "$json.tmp" "$json"
+fi
+
+if stage ctranslate2; then
+  python -c "import ctranslate2" 2>/dev/null || pip install --no-deps ctranslate2==4.8.5
+  record ct2-fairseq-converter --model_path "$BASELINE" --data_dir "$DATA/bin" --source_lang en --target_lang de \
+    --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
+  record python "$(dirname "$0")/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" --beam 6 \
+    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" \
+    --json "$RESULTS/rnn_fc_ctranslate2.json"
+fi
+
+if stage summary; then
+  python "$(dirname "$0")/summarize.py" --work "$WORK" --results "$RESULTS" --out "$RESULTS/rnn_fc_summary"
 fi

@@ -228,6 +228,7 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(texts, [[references[i] for i in ids]])
     target_tokens = sum(len(hypotheses[i]) - (hypotheses[i][-1:] == [eos]) for i in ids)
+    target_words = sum(len(text.split()) for text in texts)  # detokenised, as the papers count words
     seconds = measurement.median_run_seconds
     return {
         "generator": generator_info,
@@ -235,11 +236,13 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
         "bleu_signature": str(bleu.get_signature()),
         "sentences_per_s": len(ids) / seconds,
         "tokens_per_s": target_tokens / seconds,
+        "words_per_s": target_words / seconds,
         "latency_ms_p50": 1000 * percentile(latencies, 50),
         "latency_ms_p90": 1000 * percentile(latencies, 90),
         "peak_memory_mb": measurement.peak_memory_mb,
         "sentences": len(ids),
         "target_tokens": target_tokens,
+        "target_words": target_words,
         "run_seconds": measurement.run_seconds,
     }, texts
 
@@ -331,7 +334,7 @@ def run_bench(args, argv):
         "speed_ratio": method["tokens_per_s"] / stock["tokens_per_s"],
         "ratios": {
             key: (method[key] / stock[key]) if stock.get(key) else None
-            for key in ("sentences_per_s", "tokens_per_s", "latency_ms_p50", "latency_ms_p90", "peak_memory_mb")
+            for key in ("sentences_per_s", "tokens_per_s", "words_per_s", "latency_ms_p50", "latency_ms_p90", "peak_memory_mb")
         },
         "bleu_delta": round(method["bleu"] - stock["bleu"], 2),
         "peak_memory_note": None if device.type == "cuda" else (

@@ -330,6 +330,24 @@ def rnn_fc_base(args):
     args.rnn_fc_top = str(args.rnn_fc_top)  # checkpoints pickle args: a plain str, never a ChoiceEnum value
 
 
+# The paper's Table 2 compares FC depth and the top layer; S1-S6 are that ladder at the rnn_fc sizes.
+TABLE2_LADDER = {"s1": (0, "tanh"), "s2": (0, "gru"), "s3": (3, "tanh"), "s4": (3, "gru"), "s5": (7, "tanh"),
+                 "s6": (7, "gru")}
+
+
+def _table2_preset(name: str, fc_layers: int, top: str):
+    def preset(args):
+        _set(args, rnn_fc_fc_layers=fc_layers, rnn_fc_top=top)
+        rnn_fc_base(args)
+
+    preset.__doc__ = f"Table 2 {name.upper()}: {fc_layers} FC-ReLU layers, {'FC-tanh' if top == 'tanh' else 'GRU'} top."
+    register_model_architecture("rnn_fc", f"rnn_fc_{name}")(preset)
+
+
+for _name, (_layers, _top) in TABLE2_LADDER.items():
+    _table2_preset(_name, _layers, _top)
+
+
 @register_model_architecture("rnn_fc", "rnn_fc_multi30k")
 def rnn_fc_multi30k(args):
     """Sized for Multi30k on two CPU cores (the baseline transformer's 256-d, joint dictionary)."""

@@ -1,0 +1,449 @@
+"""Fast CPU decoding (Devlin 2017): the rnn_fc model, the exact speedups, candidate lists, int8, early stopping."""
+
+import argparse
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+
+from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
+from fairseq_plugins.common.textio import InputError
+from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
+from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
+from fairseq_plugins.rnn_fc.search import BeamSearch
+from fairseq_plugins.rnn_fc.shortlist import Shortlist, read_lexical_table
+from fairseq_plugins.rnn_fc.steppers import SPEEDUPS, OutputLayer
+
+USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_plugins")
+
+
+def tiny_model(dictionary, top="tanh", **overrides):
+    args = argparse.Namespace(rnn_fc_top=top, **overrides)
+    rnn_fc_tiny(args)
+    torch.manual_seed(0)
+    return RnnFcModel.build_model(args, DictionaryTask(dictionary)).eval()
+
+
+# --- the model ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("top", ["tanh", "gru"])
+def test_incremental_decoding_equals_the_full_forward_pass(top):
+    dictionary = word_dictionary()
+    model = tiny_model(dictionary, top)
+    sample = random_batch(dictionary, 3)
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (3, 6))
+    prev[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        full, _ = model(src, lengths, prev)
+        encoder_out = model.encoder(src, lengths)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, :t + 1], encoder_out, incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_left_and_right_padded_sources_encode_alike():
+    dictionary = word_dictionary()
+    model = tiny_model(dictionary)
+    sample = random_batch(dictionary, 4)
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    with torch.no_grad():
+        batched = model.encoder(src, lengths)
+        for i in range(4):
+            alone = model.encoder(src[i:i + 1, src.size(1) - int(lengths[i]):], lengths[i:i + 1])
+            n = int(lengths[i])
+            torch.testing.assert_close(batched["encoder_out"][0][i, :n], alone["encoder_out"][0][0], rtol=1e-5,
+                                       atol=1e-5)
+            assert bool(batched["encoder_padding_mask"][0][i, n:].all())
+
+
+def test_weight_clipping_keeps_every_matrix_in_range_during_training():
+    dictionary = word_dictionary()
+    model = tiny_model(dictionary, rnn_fc_weight_clip=0.05, rnn_fc_activation_clip=1.0).train()
+    with torch.no_grad():
+        for param in model.clipped_weights():
+            param.mul_(10)
+    sample = random_batch(dictionary, 2)
+    prev = torch.full((2, 3), dictionary.eos())
+    model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], prev)
+    weights = list(model.clipped_weights())
+    assert len(weights) > 10 and all(float(w.abs().max()) <= 0.05 + 1e-7 for w in weights)
+    assert float(model.encoder.embed_tokens.weight.abs().max()) > 0.05  # embeddings are not clipped
+    with torch.no_grad():
+        features = model.decoder.fc_stack(torch.randn(4, 64) * 100, torch.randn(4, 128) * 100)
+    assert float(features.max()) <= 1.0
+
+
+def test_table2_presets_are_the_fc_depth_and_top_layer_ladder():
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    expected = {"s1": (0, "tanh"), "s2": (0, "gru"), "s3": (3, "tanh"), "s4": (3, "gru"), "s5": (7, "tanh"),
+                "s6": (7, "gru")}
+    for name, (layers, top) in expected.items():
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[f"rnn_fc_{name}"](args)
+        assert (args.rnn_fc_fc_layers, args.rnn_fc_top, args.decoder_hidden_size) == (layers, top, 512)
+
+
+# --- beam search and early stopping on constructed step models -------------------------------------------------
+
+class TableStepModel:
+    """A step model whose next-token log-probabilities depend only on the hypothesis prefix (a fixed table
+    drawn per prefix), so that any search can be checked against another."""
+
+    def __init__(self, vocab, seed=0, eos_bias=0.0):
+        self.vocab, self.seed, self.eos_bias = vocab, seed, eos_bias
+        self.prefixes = None
+        self.calls = 0
+
+    def start(self, sample, candidates):
+        self.prefixes = [[()] for _ in range(sample["net_input"]["src_tokens"].size(0))]
+
+    def distribution(self, prefix):
+        g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % (2 ** 31))
+        logits = torch.randn(self.vocab, generator=g) * 2
+        logits[2] += self.eos_bias * len(prefix)  # EOS (id 2) grows likelier with length
+        return torch.log_softmax(logits, -1)
+
+    def step(self, tokens, parents):
+        self.calls += 1
+        batch, k = tokens.shape
+        new = []
+        out = torch.empty(batch, k, self.vocab)
+        for b in range(batch):
+            rows = []
+            for j in range(k):
+                parent = self.prefixes[b][0 if parents is None else int(parents[b, j])]
+                prefix = parent + (int(tokens[b, j]),)
+                rows.append(prefix)
+                out[b, j] = self.distribution(prefix)
+            new.append(rows)
+        self.prefixes = new
+        return out
+
+
+def constructed_sample(batch=1):
+    return {"net_input": {"src_tokens": torch.full((batch, 5), 7), "src_lengths": torch.full((batch,), 5)}}
+
+
+def test_early_stopping_keeps_the_best_hypothesis_and_saves_steps():
+    dictionary = word_dictionary(4)  # ids: 0 bos, 1 pad, 2 eos, 3 unk, 4..7 words
+
+    class Constructed(TableStepModel):
+        # Word 4 then EOS is the clear winner (-0.1 -0.1); every other path loses more than delta at once.
+        def distribution(self, prefix):
+            scores = torch.full((self.vocab,), -8.0)
+            if prefix == (2,):
+                scores[4], scores[5] = -0.1, -9.0
+            elif prefix == (2, 4):
+                scores[2] = -0.1
+            else:
+                scores[6] = -0.5
+            return scores
+
+    outputs, steps = {}, {}
+    for delta in (None, 3.0):
+        search = BeamSearch(dictionary, beam=3, max_len_b=12, early_stop_delta=delta)
+        model = Constructed(len(dictionary))
+        outputs[delta] = search.search(model, constructed_sample())[0]
+        steps[delta] = search.steps
+    assert outputs[3.0][0]["tokens"].tolist() == outputs[None][0]["tokens"].tolist() == [4, 2]
+    assert outputs[3.0][0]["score"] == pytest.approx(outputs[None][0]["score"])
+    assert steps[3.0] == 2 < steps[None]  # stopped right after the winner finished
+
+
+def test_early_stopping_within_delta_waits_for_a_hypothesis_that_wins_later():
+    dictionary = word_dictionary(4)
+
+    class Constructed(TableStepModel):
+        # "4 EOS" finishes first at -1.1 (normalised -0.55). "5 6" is then behind by 0.1 (< delta) but goes on
+        # to "5 6 6 EOS" at -1.3 over 4 tokens (normalised -0.325), which must win.
+        def distribution(self, prefix):
+            scores = torch.full((self.vocab,), -20.0)
+            scores[2] = -50.0
+            table = {(2,): {4: -0.2, 5: -0.9}, (2, 4): {2: -0.9}, (2, 5): {6: -0.3}, (2, 5, 6): {6: -0.05},
+                     (2, 5, 6, 6): {2: -0.05}}
+            for token, score in table.get(prefix, {}).items():
+                scores[token] = score
+            return scores
+
+    search = BeamSearch(dictionary, beam=2, max_len_b=12, early_stop_delta=3.0)
+    best = search.search(Constructed(len(dictionary)), constructed_sample())[0][0]
+    assert best["tokens"].tolist() == [5, 6, 6, 2]
+    # With a margin of 0 it would have stopped at the first finished hypothesis.
+    eager = BeamSearch(dictionary, beam=2, max_len_b=12, early_stop_delta=0.0)
+    assert eager.search(Constructed(len(dictionary)), constructed_sample())[0][0]["tokens"].tolist() == [4, 2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unnormalized_early_stopping_never_changes_the_best_hypothesis(seed):
+    dictionary = word_dictionary(6)
+    results = []
+    for delta in (None, 0.0, 3.0):
+        search = BeamSearch(dictionary, beam=4, max_len_b=9, normalize_scores=False, early_stop_delta=delta)
+        results.append(search.search(TableStepModel(len(dictionary), seed, eos_bias=0.7), constructed_sample(2)))
+    for b in range(2):
+        best = [r[b][0] for r in results]
+        assert best[0]["tokens"].tolist() == best[1]["tokens"].tolist() == best[2]["tokens"].tolist()
+
+
+def test_beam_search_equals_fairseq_sequence_generator_on_a_fixed_model():
+    """The search itself (no model switches) reproduces fairseq's SequenceGenerator, hypothesis by hypothesis."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    dictionary = word_dictionary()
+    model = tiny_model(dictionary, "gru")
+    sample = random_batch(dictionary, 5, seed=3)
+    ours = RnnFcGenerator([model], dictionary, beam=4, speedups=(), max_len_b=12, nbest=4)
+    stock = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=12)
+    with torch.no_grad():
+        mine, theirs = ours.generate([model], sample), stock.generate([model], sample)
+    for a, b in zip(mine, theirs, strict=True):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b[:4]]
+        torch.testing.assert_close(torch.tensor([h["score"] for h in a]), torch.stack([h["score"] for h in b[:4]]),
+                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a[0]["positional_scores"], b[0]["positional_scores"], rtol=1e-4, atol=1e-5)
+
+
+# --- candidate lists -----------------------------------------------------------------------------------------
+
+def write_table(path, rows):
+    path.write_text("".join(f"{s}\t{t}\t{p}\n" for s, t, p in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_candidate_list_holds_every_word_it_is_defined_to_hold(tmp_path):
+    src, tgt = word_dictionary(10), word_dictionary(12)
+    for i in range(12):  # counts make w11 the most frequent, then w10, ...
+        tgt.count[tgt.index(f"w{i}")] = 100 + i
+    rows = [("w0", f"w{j}", math.log(p)) for j, p in ((1, 0.5), (2, 0.3), (3, 0.15), (4, 0.05))]
+    rows += [("w1", "w5", -0.1), ("w1", "w6", -0.1), ("w1", "w7", -3.0), ("w1", "not-a-word", -0.01)]
+    rows += [("<eps>", "w9", -0.01), ("unseen", "w8", -0.01)]
+    table = read_lexical_table(write_table(tmp_path / "lex.txt", rows))
+    shortlist = Shortlist.build(table, src, tgt, top=2, frequent=2)
+    idx = tgt.index
+    assert shortlist.translations[src.index("w0")].tolist() == [idx("w1"), idx("w2")]  # the two most probable
+    assert shortlist.translations[src.index("w1")].tolist() == [idx("w5"), idx("w6")]  # tie: by word; unknown skipped
+    assert shortlist.translations[src.index("w2")].tolist() == [-1, -1]
+    assert sorted(shortlist.frequent.tolist()) == [idx("w10"), idx("w11")]
+    assert shortlist.meta["target_words_not_in_dictionary"] == 1 and shortlist.meta["source_words_not_in_dictionary"] == 1
+    sentences = torch.tensor([[src.pad(), src.index("w0"), src.index("w2"), src.eos()],
+                              [src.index("w1"), src.index("w0"), src.index("w1"), src.eos()]])
+    candidates, valid = shortlist.candidates(sentences)
+    lists = [set(c[v].tolist()) for c, v in zip(candidates, valid)]
+    always = {tgt.eos(), tgt.unk(), idx("w10"), idx("w11")}
+    assert lists[0] == always | {idx("w1"), idx("w2")}
+    assert lists[1] == always | {idx("w1"), idx("w2"), idx("w5"), idx("w6")}
+    assert all(c[v].tolist() == sorted(c[v].tolist()) for c, v in zip(candidates, valid))  # ascending ids
+    # Saved and loaded: the same lists; with another dictionary: refused, naming the file.
+    shortlist.save(str(tmp_path / "list.pt"))
+    loaded = Shortlist.load(str(tmp_path / "list.pt"), src, tgt)
+    assert torch.equal(loaded.candidates(sentences)[0], candidates)
+    with pytest.raises(InputError, match="list.pt: built with another target dictionary"):
+        Shortlist.load(str(tmp_path / "list.pt"), src, word_dictionary(13))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("w0\tw1\n", "lex.txt:2: expected 'source<TAB>target<TAB>log-probability', got 2 field"),
+    ("w0\tw1\tx\n", "lex.txt:2: 'x' is not a log-probability"),
+    ("w0\tw1\t0.5\n", "lex.txt:2: 0.5 is not a log-probability"),
+])
+def test_bad_lexical_tables_are_clear_errors(tmp_path, line, message):
+    path = tmp_path / "lex.txt"
+    path.write_text("w0\tw2\t-1.0\n" + line, encoding="utf-8")
+    with pytest.raises(InputError, match=message):
+        read_lexical_table(str(path))
+
+
+def test_systran_lexical_table_is_fast_aligns_probability_table(tmp_path):
+    from fairseq_plugins.common.synthetic import write_corpus
+
+    out = write_corpus(str(tmp_path / "corpus"), sizes={"train": 300})
+    source, target = os.path.join(out, "train.src"), os.path.join(out, "train.tgt")
+    table_path = str(tmp_path / "lex.txt")
+    align_corpus(source, target, lexical_table=table_path)
+    table = read_lexical_table(table_path)
+    for word in ("dog", "cat", "horse"):  # the synthetic lexicon: reversed word + "o"
+        best = max(table[word])
+        assert best[1] == word[::-1] + "o" and best[0] > math.log(0.5)
+    for entries in table.values():  # conditional distributions (fast_align prunes its smallest entries)
+        assert sum(math.exp(p) for p, _ in entries) <= 1 + 1e-4
+    with pytest.raises(RuntimeError, match="not a systran-align probabilities file"):
+        list(read_systran_probabilities(write_table(tmp_path / "bad.probs", [("a", "b", 0)])))
+
+
+def test_int8_candidate_rows_equal_the_full_int8_matrix_rows():
+    torch.manual_seed(0)
+    weight = torch.randn(50, 16)
+    features = torch.randn(2, 3, 16)
+    candidates = torch.tensor([[2, 5, 9, 40], [0, 1, 2, 3]])
+    full, short = OutputLayer(weight, None, "int8"), OutputLayer(weight, None, "int8")
+    full.prepare(None)
+    short.prepare(candidates)
+    # Activations are quantized per call, so compare sentence by sentence, as the generator calls it.
+    all_logits = torch.cat([full(features[i:i + 1]) for i in range(2)])
+    torch.testing.assert_close(short(features), all_logits.gather(2, candidates.unsqueeze(1).expand(-1, 3, -1)))
+    exact = features @ weight.t()
+    assert float((all_logits - exact).abs().max()) < 0.05 * float(exact.abs().max())  # int8 rounding only
+
+
+# --- a trained tiny rnn_fc: every switch against the plain decoder --------------------------------------------
+
+@pytest.fixture(scope="module")
+def rnn_fc_trained(prepared, trained, tmp_path_factory):
+    """A tiny rnn_fc trained with fairseq-train on the synthetic corpus, and its candidate lists."""
+    work = tmp_path_factory.mktemp("rnn_fc")
+    flags = list(TRAIN_FLAGS)
+    flags[flags.index("--arch") + 1] = "rnn_fc_tiny"
+    save_dir = str(work / "checkpoints")
+    run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--clip-norm", 1.0, "--max-epoch", 12,
+        "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+    tok = os.path.join(prepared, "tok")
+    plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
+                "--output", work / "train.align", "--lexical-table", work / "lex.txt")
+    plugins_cli("shortlist", "--lexical-table", work / "lex.txt", "--data-bin", os.path.join(prepared, "bin"),
+                "-s", "src", "-t", "tgt", "--top", 20, "--frequent", 20, "--output", work / "list.pt")
+    plugins_cli("shortlist", "--lexical-table", work / "lex.txt", "--data-bin", os.path.join(prepared, "bin"),
+                "-s", "src", "-t", "tgt", "--top", 1000, "--frequent", 1000, "--output", work / "everything.pt")
+    return {"data": prepared, "work": work, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"),
+            "baseline": trained["checkpoint"], "shortlist": str(work / "list.pt"),
+            "everything": str(work / "everything.pt")}
+
+
+def load(checkpoint):
+    from fairseq import checkpoint_utils
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    task.load_dataset("test", task_cfg=cfg.task)
+    dataset = task.dataset("test")
+    batches = [dataset.collater([dataset[i] for i in range(start, min(start + 8, len(dataset)))])
+               for start in range(0, len(dataset), 8)]
+    return models[0].eval(), task.target_dictionary, task.source_dictionary, batches
+
+
+def decode(generator, model, batches):
+    with torch.no_grad():
+        return [[h["tokens"].tolist() for h in hyps] for batch in batches for hyps in generator.generate([model], batch)]
+
+
+@pytest.mark.parametrize("speedups", [(name,) for name in SPEEDUPS] + [SPEEDUPS])
+def test_each_exact_speedup_gives_the_plain_decoders_output(rnn_fc_trained, speedups):
+    model, tgt_dict, _, batches = load(rnn_fc_trained["checkpoint"])
+    batches = batches[:2]  # 16 sentences: the plain decoder runs one hypothesis at a time
+    plain = RnnFcGenerator([model], tgt_dict, beam=6, speedups=(), nbest=6)
+    fast = RnnFcGenerator([model], tgt_dict, beam=6, speedups=speedups, nbest=6, precompute_words=40)
+    assert decode(fast, model, batches) == decode(plain, model, batches)  # every n-best list, token for token
+    if "embeddings" in speedups:
+        assert fast.stepper.precomputed_words == 40  # the rest of the vocabulary still takes the matmul
+
+
+def test_plain_and_fast_decoders_equal_fairseqs_generator(rnn_fc_trained):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, tgt_dict, _, batches = load(rnn_fc_trained["checkpoint"])
+    stock = SequenceGenerator([model], tgt_dict, beam_size=6)
+    fast = RnnFcGenerator([model], tgt_dict, beam=6)
+    with torch.no_grad():
+        theirs = [h[0]["tokens"].tolist() for batch in batches for h in stock.generate([model], batch)]
+    assert [h[0] for h in decode(fast, model, batches)] == theirs
+
+
+@pytest.mark.parametrize("system", ["checkpoint", "baseline"])
+def test_a_list_holding_the_whole_vocabulary_changes_nothing(rnn_fc_trained, system):
+    model, tgt_dict, src_dict, batches = load(rnn_fc_trained[system])
+    everything = Shortlist.load(rnn_fc_trained["everything"], src_dict, tgt_dict)
+    # Lists never hold BOS and padding, whose (tiny) probabilities the full softmax's normaliser counts: add them
+    # here so that the lists are the whole vocabulary and only the sliced output layer differs.
+    everything.always = torch.arange(tgt_dict.nspecial)
+    assert bool(everything.membership(batches[0]["net_input"]["src_tokens"]).all())
+    full = RnnFcGenerator([model], tgt_dict, beam=6)
+    listed = RnnFcGenerator([model], tgt_dict, beam=6, shortlist=everything)
+    assert decode(listed, model, batches) == decode(full, model, batches)
+
+
+def test_the_generic_path_reproduces_fairseq_on_the_baseline_transformer(rnn_fc_trained):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, tgt_dict, _, batches = load(rnn_fc_trained["baseline"])
+    stock = SequenceGenerator([model], tgt_dict, beam_size=6)
+    ours = RnnFcGenerator([model], tgt_dict, beam=6)
+    with torch.no_grad():
+        theirs = [h[0]["tokens"].tolist() for batch in batches for h in stock.generate([model], batch)]
+    assert [h[0] for h in decode(ours, model, batches)] == theirs
+    with pytest.raises(ValueError, match="the exact speedups are rnn_fc's own"):
+        RnnFcGenerator([model], tgt_dict, speedups=("batched",))
+
+
+def generate(system, *flags, check=True):
+    return run("fairseq_cli.generate", os.path.join(system["data"], "bin"), "--user-dir", USER_DIR,
+               "--task", "rnn_fc_translation", "--path", system["checkpoint"], "--gen-subset", "test",
+               "--beam", 6, "--batch-size", 8, *flags, check=check)
+
+
+def bleu_of(stdout):
+    return float(stdout.strip().splitlines()[-1].split("BLEU = ")[1].split()[0])
+
+
+def test_fairseq_generate_with_every_switch(rnn_fc_trained):
+    hypotheses = lambda out: sorted(line.split("\t")[::2] for line in out.splitlines() if line.startswith("H-"))  # noqa: E731
+    plain = generate(rnn_fc_trained, "--rnn-fc-speedups", "none", "--scoring", "sacrebleu")
+    fast = generate(rnn_fc_trained, "--scoring", "sacrebleu")
+    assert hypotheses(plain.stdout) == hypotheses(fast.stdout) and len(hypotheses(fast.stdout)) == 40
+    assert "rnn_fc decoding: 40 sentences" in fast.stderr
+    assert bleu_of(fast.stdout) > 15, fast.stdout[-1500:]  # a tiny GRU trained for a minute (~35-40 here)
+    everything = generate(rnn_fc_trained, "--rnn-fc-shortlist", rnn_fc_trained["shortlist"], "--rnn-fc-precision",
+                          "int8", "--rnn-fc-early-stop", "--scoring", "sacrebleu")
+    assert len(hypotheses(everything.stdout)) == 40 and "candidates a sentence" in everything.stderr
+    assert bleu_of(everything.stdout) > 5  # runs end to end; the benchmarks measure the BLEU change
+    interactive = run("fairseq_cli.interactive", os.path.join(rnn_fc_trained["data"], "bin"), "--user-dir", USER_DIR,
+                      "--task", "rnn_fc_translation", "--path", rnn_fc_trained["checkpoint"], "--source-lang", "src",
+                      "--target-lang", "tgt", "--beam", 6, stdin="▁the ▁dog ▁.\n")
+    assert sum(line.startswith("H-") for line in interactive.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rnn-fc-speedups", "batched,fast"], "--rnn-fc-speedups batched,fast: give all, none, or a comma-separated"),
+    (["--rnn-fc-shortlist", "/nonexistent/list.pt"], "/nonexistent/list.pt: no such candidate list"),
+    (["--rnn-fc-precision", "int16"], "--rnn-fc-precision"),
+    (["--rnn-fc-early-stop", "--rnn-fc-delta", "-1"], "--rnn-fc-delta -1.0: must not be negative"),
+    (["--path", "BASELINE", "--rnn-fc-speedups", "batched"], "the exact speedups are rnn_fc's own"),
+    (["--no-repeat-ngram-size", 2], "--no-repeat-ngram-size: not supported with rnn_fc decoding"),
+])
+def test_bad_generation_settings_are_clear_errors(rnn_fc_trained, flags, message):
+    flags = [rnn_fc_trained["baseline"] if f == "BASELINE" else f for f in flags]
+    proc = generate(rnn_fc_trained, *flags, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+
+
+def test_bench_of_the_exact_switches_matches_the_stock_generator(rnn_fc_trained, tmp_path):
+    result_path = tmp_path / "rnn_fc.json"
+    plugins_cli("bench", "--method", "rnn_fc", "--path", rnn_fc_trained["checkpoint"], "--data",
+                rnn_fc_trained["data"], "--threads", 1, "--runs", 1, "--beam", 6, "--limit", 10,
+                "--json", result_path)
+    result = json.loads(result_path.read_text())
+    # The stock generator decodes the same rnn_fc model: the exact switches must give its outputs.
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0
+    assert result["stats"]["model_calls_per_step"] == 1.0 and result["words_per_s"] > 0
+    assert result["generator"]["task_flags"]["rnn_fc_speedups"] == "all"
+    baseline = tmp_path / "baseline.json"
+    plugins_cli("bench", "--method", "rnn_fc", "--path", rnn_fc_trained["baseline"], "--data", rnn_fc_trained["data"],
+                "--threads", 1, "--runs", 1, "--beam", 6, "--limit", 10, "--json", baseline,
+                "--rnn-fc-shortlist", rnn_fc_trained["shortlist"], "--rnn-fc-precision", "int8")
+    result = json.loads(baseline.read_text())
+    assert result["stats"]["candidates_per_sentence"] > 0 and result["stats"]["precision"] == "int8"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_decoding_equals_cpu_decoding(rnn_fc_trained):
+    model, tgt_dict, _, batches = load(rnn_fc_trained["checkpoint"])
+    cpu = decode(RnnFcGenerator([model], tgt_dict, beam=6), model, batches[:2])
+    model = model.cuda()
+    from fairseq import utils
+
+    gpu = decode(RnnFcGenerator([model], tgt_dict, beam=6), model, [utils.move_to_cuda(b) for b in batches[:2]])
+    assert gpu == cpu
