@@ -15,6 +15,8 @@
 #               exact switches on -> RESULTS/rnn_fc_table2.json
 #   baseline  : the candidate-list, int8 and early-stopping switches on the baseline transformer (any fairseq
 #               model decodes with --task rnn_fc_translation) -> RESULTS/rnn_fc_baseline.json
+#   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
+#               -> RESULTS/rnn_fc_lists.json
 #   versus    : fc4-tanh (exact switches; all switches) against the baseline transformer at beam 6 in the same
 #               run -> RESULTS/rnn_fc_vs_baseline.json
 #   ctranslate2 : the baseline transformer converted by CTranslate2's fairseq converter, int8, one thread, same
@@ -29,7 +31,7 @@
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
-STAGES=${STAGES:-train align shortlist table1 table2 baseline versus ctranslate2 summary}
+STAGES=${STAGES:-train align shortlist table1 table2 baseline lists versus ctranslate2 summary}
 SYSTEMS=${SYSTEMS:-fc4-tanh fc0-tanh fc4-gru fc8-tanh}
 EPOCHS=${EPOCHS:-12}
 VARIANT_EPOCHS=${VARIANT_EPOCHS:-3}
@@ -149,6 +151,19 @@ if stage baseline; then
     read -r -a flags <<< "${BASELINE_ROWS[$i]#*|}"
     evaluate "baseline-$i" "$BASELINE" "${flags[@]}"
     bench_row "$json.tmp" "$label" "$BASELINE" "${flags[@]}"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage lists; then
+  json=$RESULTS/rnn_fc_lists.json
+  rm -f "$json.tmp"
+  for frequent in ${FREQUENTS:-100 500 2000}; do
+    record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
+      --top 20 --frequent "$frequent" --output "$WORK/shortlist-f$frequent.pt"
+    evaluate "lists-f$frequent" "$BASELINE" --rnn-fc-shortlist "$WORK/shortlist-f$frequent.pt"
+    bench_row "$json.tmp" "transformer + candidate lists (top 20, $frequent frequent)" "$BASELINE" \
+      --rnn-fc-shortlist "$WORK/shortlist-f$frequent.pt"
   done
   mv "$json.tmp" "$json"
 fi

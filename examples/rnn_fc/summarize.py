@@ -67,6 +67,10 @@ def main():
         entry["system"] = system
         table2.append(entry)
     baseline = [row(r, f"baseline-{i}") for i, r in enumerate(load(os.path.join(args.results, "rnn_fc_baseline.json")))]
+    lists = []
+    for r in load(os.path.join(args.results, "rnn_fc_lists.json")):
+        frequent = r["label"].split("top 20, ")[1].split()[0]
+        lists.append(dict(row(r, f"lists-f{frequent}"), frequent=int(frequent)))
     versus = []
     for r in load(os.path.join(args.results, "rnn_fc_vs_baseline.json")):
         entry = row(r, "table1-4" if "exact" in r["label"] else f"table1-{len(table1) - 1}")
@@ -74,7 +78,10 @@ def main():
         entry["baseline_transformer_bench_bleu"] = entry.pop("stock_bench_bleu")
         entry["ratio_to_baseline_transformer"] = entry.pop("ratio_to_stock")
         versus.append(entry)
-    ctranslate2 = load(os.path.join(args.results, "rnn_fc_ctranslate2.json"))
+    ctranslate2 = []
+    if os.path.exists(os.path.join(args.results, "rnn_fc_ctranslate2.json")):
+        with open(os.path.join(args.results, "rnn_fc_ctranslate2.json"), encoding="utf-8") as f:
+            ctranslate2 = [json.load(f)]  # its own schema (not a bench result: no stock generator in its run)
     baseline_stock_bleu = bleu("baseline-stock")
 
     targets = {}
@@ -107,7 +114,8 @@ def main():
         "targets": targets,
         "table1": table1,
         "table2": table2,
-        "baseline_transformer": {"bleu_beam6_stock": baseline_stock_bleu, "rows": baseline},
+        "baseline_transformer": {"bleu_beam6_stock": baseline_stock_bleu, "rows": baseline,
+                                 "candidate_list_sizes": lists},
         "versus_baseline_transformer": versus,
         "ctranslate2": ctranslate2,
         "commands": report.read_provenance([os.path.join(args.work, "commands.txt")]),
@@ -137,6 +145,12 @@ def main():
     for r in baseline:
         lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {r['words_per_s']} | {r['stock_words_per_s']} | "
                      f"x{r['ratio_to_stock']} | {fmt(r['candidates_per_sentence'])} |")
+    if lists:
+        lines += ["", "Candidate-list size (top 20 translations + N frequent pieces; baseline transformer, fp32):", "",
+                  "| N frequent | BLEU | candidates a sentence | words/s | ratio to stock |", "|---|---|---|---|---|"]
+        for r in lists:
+            lines.append(f"| {r['frequent']} | {fmt(r['bleu'])} | {fmt(r['candidates_per_sentence'])} | "
+                         f"{r['words_per_s']} | x{r['ratio_to_stock']} |")
     lines += ["", "## rnn_fc against the baseline transformer (same run)", "",
               "| row | BLEU | words/s | transformer words/s | ratio |", "|---|---|---|---|---|"]
     for r in versus:
