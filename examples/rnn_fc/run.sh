@@ -12,7 +12,7 @@
 #               fairseq-generate on the whole test set and a bench row (vs fairseq's stock generator on the
 #               same model, same run) -> RESULTS/rnn_fc_table1.json
 #   table2    : paper Table 2: every SYSTEM after VARIANT_EPOCHS epochs (fc4-tanh: its epoch checkpoint),
-#               exact switches on -> RESULTS/rnn_fc_table2.json
+#               exact switches on -> RESULTS/rnn_fc_table2_epochN.json (N = VARIANT_EPOCHS)
 #   baseline  : the candidate-list, int8 and early-stopping switches on the baseline transformer (any fairseq
 #               model decodes with --task rnn_fc_translation) -> RESULTS/rnn_fc_baseline.json
 #   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
@@ -123,11 +123,11 @@ if stage table1; then
 fi
 
 if stage table2; then
-  json=$RESULTS/rnn_fc_table2.json
+  json=$RESULTS/rnn_fc_table2_epoch$VARIANT_EPOCHS.json
   rm -f "$json.tmp"
   for system in $SYSTEMS; do
     path=$WORK/$system/checkpoints/checkpoint$VARIANT_EPOCHS.pt
-    evaluate "table2-$system" "$path"
+    evaluate "table2-$system-e$VARIANT_EPOCHS" "$path"
     bench_row "$json.tmp" "$system epoch $VARIANT_EPOCHS" "$path"
   done
   mv "$json.tmp" "$json"

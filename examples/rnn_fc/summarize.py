@@ -1,6 +1,6 @@
 """Collect examples/rnn_fc/run.sh's measurements into the paper's tables on our data, with the targets checked.
 
-Reads RESULTS/rnn_fc_{table1,table2,baseline,vs_baseline,ctranslate2}.json (bench results; each method row has
+Reads RESULTS/rnn_fc_{table1,table2_epochN,baseline,lists,vs_baseline,ctranslate2}.json (bench results; each method row has
 fairseq's stock generator measured in the same run) and WORK/eval/<row>.bleu.json (sacreBLEU of fairseq-generate
 on the whole test set). Writes OUT.json and OUT.md.
 
@@ -10,6 +10,7 @@ runs; the stock generator and the model are the same in every Table 1 run).
 """
 
 import argparse
+import glob
 import json
 import os
 
@@ -61,11 +62,12 @@ def main():
             r["speedup_raw"] = round(r["words_per_s"] / plain["words_per_s"], 2)
             r["speedup_stock_normalised"] = round(r["ratio_to_stock"] / plain["ratio_to_stock"], 2)
     table2 = []
-    for r in load(os.path.join(args.results, "rnn_fc_table2.json")):
-        system = r["label"].split()[0]
-        entry = row(r, f"table2-{system}")
-        entry["system"] = system
-        table2.append(entry)
+    for path in sorted(glob.glob(os.path.join(args.results, "rnn_fc_table2_epoch*.json"))):
+        for r in load(path):
+            system, _, epoch = r["label"].split()  # "<system> epoch <N>"
+            entry = row(r, f"table2-{system}-e{epoch}")
+            entry.update(system=system, epochs=int(epoch))
+            table2.append(entry)
     baseline = [row(r, f"baseline-{i}") for i, r in enumerate(load(os.path.join(args.results, "rnn_fc_baseline.json")))]
     lists = []
     for r in load(os.path.join(args.results, "rnn_fc_lists.json")):
@@ -136,10 +138,11 @@ def main():
         lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {r['words_per_s']} | x{r['speedup_raw']} | "
                      f"x{r['speedup_stock_normalised']} | {r['stock_words_per_s']} | "
                      f"{fmt(r['outputs_identical_to_stock'], '.2f')} | {r['model_calls_per_step']} |")
-    lines += ["", "## Table 2: model variants (exact switches on)", "",
-              "| system | BLEU | words/s | stock words/s (same model) |", "|---|---|---|---|"]
+    lines += ["", "## Table 2: model variants at equal epochs (exact switches on)", "",
+              "| system | epochs | BLEU | words/s | sentences/s | stock words/s (same model) |", "|---|---|---|---|---|---|"]
     for r in table2:
-        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {r['words_per_s']} | {r['stock_words_per_s']} |")
+        lines.append(f"| {r['system']} | {r['epochs']} | {fmt(r['bleu'])} | {r['words_per_s']} | {r['sentences_per_s']} | "
+                     f"{r['stock_words_per_s']} |")
     lines += ["", f"## The switches on the baseline transformer (stock fairseq beam 6: BLEU {fmt(baseline_stock_bleu)})", "",
               "| row | BLEU | words/s | stock words/s | ratio | candidates |", "|---|---|---|---|---|---|"]
     for r in baseline:
