@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..common.align import Alignment
-from ..common.dictionaries import dictionary_fingerprint
+from ..common.dictionaries import check_dictionaries, dictionary_fingerprint
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -178,12 +178,7 @@ class CandidateTable:
         if state.get("version") != TABLE_VERSION:
             raise InputError(f"{path}: lattice table version {state.get('version')}; this fairseq-plugins reads "
                              f"version {TABLE_VERSION}: rebuild it with `fairseq-plugins lattice-table`")
-        for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
-            if dictionary is not None and dictionary_fingerprint(dictionary) != state[f"{side}_dictionary"]:
-                raise InputError(
-                    f"{path}: built with another {side} dictionary ({state[f'{side}_dictionary_size']} symbols, "
-                    f"fingerprint {state[f'{side}_dictionary']}) than this task's ({len(dictionary)} symbols, "
-                    f"{dictionary_fingerprint(dictionary)}): rebuild the table from this data")
+        check_dictionaries(path, state, src_dict, tgt_dict, "rebuild the table from this data")
         return cls(state)
 
     def to(self, device) -> "CandidateTable":

@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor
 
-from ..common.dictionaries import dictionary_fingerprint
+from ..common.dictionaries import check_dictionaries, dictionary_fingerprint, ids_by_count
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -83,8 +83,7 @@ class Shortlist:
                 if len(ids) == top:
                     break
             translations[source_id, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        special = set(range(tgt_dict.nspecial))
-        by_count = sorted((i for i in range(len(tgt_dict)) if i not in special), key=lambda i: (-tgt_dict.count[i], i))
+        by_count = [i for i in ids_by_count(tgt_dict) if i >= tgt_dict.nspecial]
         frequent_ids = torch.tensor(sorted(by_count[:frequent]), dtype=torch.long)
         always = torch.tensor(sorted({tgt_dict.eos(), tgt_dict.unk()}), dtype=torch.long)
         meta = {"lexical_table": source, "top": top, "frequent": frequent,
@@ -110,11 +109,8 @@ class Shortlist:
             raise InputError(f"{path}: not a candidate list file ({e})") from e
         if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{path}: not a candidate list file of format {FORMAT_VERSION}")
-        for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
-            if dictionary is not None and dictionary_fingerprint(dictionary) != state[f"{side}_dictionary"]:
-                raise InputError(f"{path}: built with another {side} dictionary (fingerprint "
-                                 f"{state[f'{side}_dictionary']}) than this task's ({len(dictionary)} symbols, "
-                                 f"{dictionary_fingerprint(dictionary)}): rebuild it from this data")
+        sizes = {"source_dictionary_size": state["translations"].size(0), "target_dictionary_size": state["target_size"]}
+        check_dictionaries(path, {**state, **sizes}, src_dict, tgt_dict, "rebuild it from this data")
         return cls(state["translations"], state["frequent"], state["always"], state["source_dictionary"],
                    state["target_dictionary"], state["target_size"], state["meta"])
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.dictionaries import ids_by_count
 from .search import flat_rows, unique_rows
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class RnnFcStepper:
         """The input projections of the ``words`` most frequent target words (by the dictionary's counts),
         from the float32 weights; other words keep the matmul."""
         dictionary = decoder.dictionary
-        ids = sorted(range(len(dictionary)), key=lambda i: (-dictionary.count[i], i))[:words]
+        ids = ids_by_count(dictionary)[:words]
         ids = torch.tensor(sorted(ids), dtype=torch.long, device=decoder.embed_tokens.weight.device)
         with torch.no_grad():
             self.table = decoder.input_projection(ids)
