@@ -56,14 +56,13 @@ class BeamSearch:
         max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
         model.start(sample, candidates)
         beam = self.beam
-        if candidates is None:
-            ids = None
-            mask = None
-        else:
-            ids = candidates
+        mask = columns_of = None
+        if candidates is not None:
             mask = torch.zeros(candidates.shape, device=device)
             mask.masked_fill_(~candidate_valid, float("-inf"))
             mask = mask.unsqueeze(1)  # (B, 1, C)
+            # Where padding, unknown and EOS sit in each sentence's list: once a batch, not every step.
+            columns_of = {symbol: candidates.eq(symbol).unsqueeze(1) for symbol in (self.pad, self.unk, self.eos)}
 
         tokens = torch.full((batch, 1, 1), self.eos, dtype=torch.long, device=device)  # BOS is EOS in fairseq
         scores = torch.zeros(batch, 1, device=device)
@@ -78,14 +77,13 @@ class BeamSearch:
             if mask is not None:
                 lprobs = lprobs + mask
             width = lprobs.size(-1)
-            vocab_ids = ids
-            self._apply_rules(lprobs, vocab_ids, step, max_len)
+            self._apply_rules(lprobs, columns_of, step, max_len)
             k = lprobs.size(1)
             cumulative = scores.unsqueeze(-1) + lprobs  # (B, k, C)
             top = min(2 * beam, k * width)
             values, flat = cumulative.view(batch, -1).topk(top, dim=1)
             rows, columns = flat // width, flat % width
-            picked = columns if vocab_ids is None else vocab_ids.gather(1, columns)
+            picked = columns if candidates is None else candidates.gather(1, columns)
             is_eos = picked.eq(self.eos) & values.ne(float("-inf"))
 
             eos_ranks = is_eos[:, :beam].tolist()
@@ -133,11 +131,12 @@ class BeamSearch:
             results.append(hypotheses)
         return results
 
-    def _apply_rules(self, lprobs: Tensor, vocab_ids: Optional[Tensor], step: int, max_len: int) -> None:
+    def _apply_rules(self, lprobs: Tensor, columns_of: Optional[Dict[int, Tensor]], step: int, max_len: int) -> None:
         """fairseq's per-step rules, in place: no padding, unknown-word penalty, only EOS at the maximum length,
-        no EOS before --min-len. ``vocab_ids`` (B, C): the vocabulary id of each column (None: column = id)."""
+        no EOS before --min-len. ``columns_of`` maps pad, unk and EOS to where each sits in the candidate lists,
+        (B, 1, C) bool (None: the columns are the vocabulary)."""
         inf = float("-inf")
-        if vocab_ids is None:
+        if columns_of is None:
             lprobs[:, :, self.pad] = inf
             if self.unk_penalty:
                 lprobs[:, :, self.unk] -= self.unk_penalty
@@ -148,10 +147,10 @@ class BeamSearch:
             elif step < self.min_len:
                 lprobs[:, :, self.eos] = inf
             return
-        is_eos = vocab_ids.eq(self.eos).unsqueeze(1)
-        lprobs.masked_fill_(vocab_ids.eq(self.pad).unsqueeze(1), inf)
+        is_eos = columns_of[self.eos]
+        lprobs.masked_fill_(columns_of[self.pad], inf)
         if self.unk_penalty:
-            lprobs.sub_(vocab_ids.eq(self.unk).unsqueeze(1).float() * self.unk_penalty)
+            lprobs.sub_(columns_of[self.unk].float() * self.unk_penalty)
         if step >= max_len:
             lprobs.masked_fill_(~is_eos, inf)
         elif step < self.min_len:
