@@ -1,4 +1,8 @@
 # Shell helpers shared by the recipes in examples/ (sourced; defines functions only).
+#   use_baseline_data BASE WORK
+#                  for recipes built on examples/baseline's work dir BASE: sets USER_DIR, DATA (BASE/data) and
+#                  COMMANDS (WORK/commands.txt), creates WORK, stops unless DATA holds prepared data
+#   epochs SYSTEM  $EPOCHS_<system> (dashes as underscores) if set, else $EPOCHS
 #   record CMD...  run CMD and append it (once) to $COMMANDS, the provenance bench reads with --provenance
 #   stage NAME     true when NAME is one of the words of $STAGES
 #   distill_training_set BASE OUT [fairseq-generate flags...]
@@ -6,6 +10,15 @@
 #                  its training source at beam 5; OUT/tok/train.{en,de} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
 #                  when OUT/bin is there; uses $USER_DIR and record.
+
+use_baseline_data() {
+  USER_DIR=$(fairseq-plugins user-dir)
+  DATA=$1/data
+  COMMANDS=$2/commands.txt
+  mkdir -p "$2"
+  [[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
+}
+epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
 
 record() {
   local line

@@ -31,14 +31,9 @@ WARMUP=${WARMUP:-250}
 BEAM=${BEAM:-10}
 GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
 RESULTS=${RESULTS:-docs/results}
-USER_DIR=$(fairseq-plugins user-dir)
-DATA=$BASE/data
-COMMANDS=$WORK/commands.txt
-mkdir -p "$WORK"
-[[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
-
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+use_baseline_data "$BASE" "$WORK"
 
 system_flags() {  # the task flags of system ORDER-N
   local order=${1%-*} per_step=${1#*-}

@@ -34,14 +34,9 @@ LAYERS_EPOCH=${LAYERS_EPOCH:-3}
 WARMUP=${WARMUP:-400}
 K=${K:-64}
 RESULTS=${RESULTS:-docs/results}
-USER_DIR=$(fairseq-plugins user-dir)
-DATA=$BASE/data
-COMMANDS=$WORK/commands.txt
-mkdir -p "$WORK"
-[[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
-
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+use_baseline_data "$BASE" "$WORK"
 
 corpus() { echo "${1%-*}"; }                       # raw-1 -> raw, distill-2 -> distill
 layers() { echo "${1#*-}"; }                       # raw-1 -> 1
@@ -49,7 +44,6 @@ data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$WORK/distill
 tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$WORK/distill/tok"; fi; }
 table() { echo "$WORK/$1/table.pt"; }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
-epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
 corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
 
 if stage distill; then

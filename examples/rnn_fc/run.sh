@@ -38,16 +38,10 @@ VARIANT_EPOCHS=${VARIANT_EPOCHS:-3}
 : "${EPOCHS_fc0_tanh:=$VARIANT_EPOCHS}" "${EPOCHS_fc4_gru:=$VARIANT_EPOCHS}" "${EPOCHS_fc8_tanh:=$VARIANT_EPOCHS}"
 WARMUP=${WARMUP:-400}
 RESULTS=${RESULTS:-docs/results}
-USER_DIR=$(fairseq-plugins user-dir)
-DATA=$BASE/data
-COMMANDS=$WORK/commands.txt
-mkdir -p "$WORK"
-[[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
-
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+use_baseline_data "$BASE" "$WORK"
 
-epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
 fc_layers() { local name=${1#fc}; echo "${name%-*}"; }    # fc4-tanh -> 4
 top_layer() { echo "${1#*-}"; }                          # fc4-tanh -> tanh
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
@@ -97,6 +91,20 @@ bench_row() {  # JSON LABEL CHECKPOINT [bench and decoding flags...]: beam 6, on
     --provenance "$COMMANDS" "$BASE/commands.txt" --json "$json" --append "$@"
 }
 
+evaluate_and_bench_rows() {  # PREFIX CHECKPOINT JSON ROW...: each "label|flags" row evaluated as PREFIX-<i>
+  local prefix=$1 path=$2 json=$3 i label
+  shift 3
+  local rows=("$@") flags
+  rm -f "$json.tmp"
+  for i in "${!rows[@]}"; do
+    label=${rows[$i]%%|*}
+    read -r -a flags <<< "${rows[$i]#*|}"
+    evaluate "$prefix-$i" "$path" "${flags[@]}"
+    bench_row "$json.tmp" "$label" "$path" "${flags[@]}"
+  done
+  mv "$json.tmp" "$json"
+}
+
 # Paper Table 1: label|flags, each row adding one switch to the one before.
 TABLE1=(
   "plain decoder|--rnn-fc-speedups none"
@@ -111,15 +119,7 @@ TABLE1=(
 MAIN=$(checkpoint fc4-tanh)
 
 if stage table1; then
-  json=$RESULTS/rnn_fc_table1.json
-  rm -f "$json.tmp"
-  for i in "${!TABLE1[@]}"; do
-    label=${TABLE1[$i]%%|*}
-    read -r -a flags <<< "${TABLE1[$i]#*|}"
-    evaluate "table1-$i" "$MAIN" "${flags[@]}"
-    bench_row "$json.tmp" "$label" "$MAIN" "${flags[@]}"
-  done
-  mv "$json.tmp" "$json"
+  evaluate_and_bench_rows table1 "$MAIN" "$RESULTS/rnn_fc_table1.json" "${TABLE1[@]}"
 fi
 
 if stage table2; then
@@ -143,16 +143,8 @@ BASELINE_ROWS=(
 )
 
 if stage baseline; then
-  json=$RESULTS/rnn_fc_baseline.json
-  rm -f "$json.tmp"
   EVAL_TASK=translation evaluate baseline-stock "$BASELINE"  # stock fairseq, beam 6
-  for i in "${!BASELINE_ROWS[@]}"; do
-    label=${BASELINE_ROWS[$i]%%|*}
-    read -r -a flags <<< "${BASELINE_ROWS[$i]#*|}"
-    evaluate "baseline-$i" "$BASELINE" "${flags[@]}"
-    bench_row "$json.tmp" "$label" "$BASELINE" "${flags[@]}"
-  done
-  mv "$json.tmp" "$json"
+  evaluate_and_bench_rows baseline "$BASELINE" "$RESULTS/rnn_fc_baseline.json" "${BASELINE_ROWS[@]}"
 fi
 
 if stage lists; then
