@@ -13,6 +13,7 @@ import sys
 import time
 
 import sacrebleu
+import torch
 
 from fairseq_plugins.bench import report
 from fairseq_plugins.bench.measure import percentile
@@ -59,22 +60,22 @@ def main():
         run_seconds.append(time.perf_counter() - start)
         latencies.append(latencies_run)
     median_run = sorted(run_seconds)[len(run_seconds) // 2]
-    best_run = run_seconds.index(median_run)
+    median_index = run_seconds.index(median_run)
     texts = [target_tokenizer.decode(" ".join(tokens)) for tokens in outputs]
     bleu = sacrebleu.metrics.BLEU()
     words = sum(len(text.split()) for text in texts)
     result = {
         "method": "ctranslate2",
         "label": f"CTranslate2 {ctranslate2.__version__} {args.compute_type}, baseline transformer",
-        "device": report.device_name(__import__("torch").device("cpu")),
+        "device": report.device_name(torch.device("cpu")),
         "threads": 1, "batch_size": 1, "beam": args.beam,
         "bleu": round(bleu.corpus_score(texts, [references]).score, 2),
         "bleu_signature": str(bleu.get_signature()),
         "sentences_per_s": len(pieces) / median_run,
         "tokens_per_s": sum(len(tokens) for tokens in outputs) / median_run,
         "words_per_s": words / median_run,
-        "latency_ms_p50": 1000 * percentile(latencies[best_run], 50),
-        "latency_ms_p90": 1000 * percentile(latencies[best_run], 90),
+        "latency_ms_p50": 1000 * percentile(latencies[median_index], 50),
+        "latency_ms_p90": 1000 * percentile(latencies[median_index], 90),
         "sentences": len(pieces), "target_words": words, "run_seconds": run_seconds, "runs": args.runs,
         "model": args.model, "compute_type": args.compute_type,
         "commands": report.read_provenance(args.provenance) + [shlex.join(["python"] + sys.argv)],
