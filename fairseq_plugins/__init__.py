@@ -6,9 +6,17 @@ fairseq-generate decodes every sentence. So ``fairseq-train``, ``fairseq-generat
 ``fairseq-interactive`` need nothing but ``--user-dir``.
 """
 
+import os
+
 from .common import fairseq_fixes
 
 __version__ = "0.1.0"
+
+
+def user_dir() -> str:
+    """The path to pass to fairseq as ``--user-dir`` (this package's directory)."""
+    return os.path.dirname(os.path.abspath(__file__))
+
 
 fairseq_fixes.allow_fairseq_checkpoints()
 fairseq_fixes.keep_last_partial_batch()

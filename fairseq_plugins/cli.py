@@ -8,14 +8,10 @@ import logging
 import os
 import sys
 
+from . import user_dir
 from .common.textio import InputError
 
 logger = logging.getLogger("fairseq_plugins.cli")
-
-
-def user_dir() -> str:
-    """The path to pass as ``--user-dir`` (the package directory itself)."""
-    return os.path.dirname(os.path.abspath(__file__))
 
 
 def add_prepare_parser(subparsers):

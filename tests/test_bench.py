@@ -28,9 +28,12 @@ def test_batched_greedy_run_appends_and_reports(trained, tmp_path):
     assert abs(first["bleu"] - batched["bleu"]) < 1.0
     assert table.read_text().count("| baseline |") == 1 and table.read_text().count("| batched |") == 1
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert batched["timing"]["sentences_timed"] == 12 and batched["timing"]["latency_sentences"] == 5
     summary = plugins_cli("report", result_path).stdout.splitlines()
-    assert summary[0].split() == ["method", "BLEU", "sentences/s", "stock", "sentences/s", "speed", "ratio"]
-    assert summary[2].startswith("batched (greedy)") and len(summary) == 3
+    assert summary[0].split()[:5] == ["method", "BLEU", "stock", "BLEU", "dBLEU"]
+    assert summary[2].startswith("batched (greedy vs stock greedy)") and summary[2].split()[-3] == "!"
+    assert [line.split(";")[0] for line in summary[5:]] == [  # (and the load, if this machine was busy)
+        "! baseline: 1 timed run(s), fewer than 3", "! batched: 1 timed run(s), fewer than 3"]
 
 
 def test_raw_source_file_decodes_like_the_binarised_split(trained, tmp_path):

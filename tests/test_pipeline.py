@@ -12,7 +12,8 @@ from conftest import TRAIN_EPOCHS, TRAIN_FLAGS, USER_DIR, plugins_cli, run
 REQUIRED_KEYS = {
     "method", "device", "threads", "batch_size", "beam", "bleu", "sentences_per_s", "tokens_per_s",
     "latency_ms_p50", "latency_ms_p90", "peak_memory_mb", "stats", "baseline", "speed_ratio", "commands",
-    "git_commit", "versions",
+    "git_commit", "versions", "speed_ratio_definition", "speed_ratio_runs", "speed_ratio_spread", "timing",
+    "bleu_brevity_penalty", "bleu_precisions", "length_ratio",
 }
 
 
@@ -50,7 +51,12 @@ def test_generate_learns_the_task_and_bench_reproduces_its_outputs(trained, tmp_
     assert len(result["run_seconds"]) == len(result["baseline"]["run_seconds"]) == 2
     assert result["sentences"] == 40 and result["threads"] == 1 and result["peak_memory_mb"] > 0
     assert result["latency_ms_p90"] >= result["latency_ms_p50"] > 0
-    assert abs(result["speed_ratio"] - result["tokens_per_s"] / result["baseline"]["tokens_per_s"]) < 1e-12
+    # The headline ratio is a time ratio over paired runs, every run kept, with its spread and the machine's load.
+    assert len(result["speed_ratio_runs"]) == 2 and result["speed_ratio_flagged"] is True  # 2 runs: flagged
+    assert result["speed_ratio_min"] <= result["speed_ratio"] <= result["speed_ratio_max"]
+    assert result["speed_ratio_definition"].startswith("stock time / method time on the same input sentences")
+    assert result["timing"]["alternation"] == "per batch" and result["timing"]["sentences_timed"] == 40
+    assert result["timing"]["threads"] == 1 and result["timing"]["load_average_before"] >= 0
     assert result["commands"][0].startswith("fairseq-plugins prepare ")  # from the prepared directory
     assert result["commands"][1] == "fairseq-train data-bin --arch baseline_transformer_tiny"
     assert result["commands"][-1].startswith("fairseq-plugins bench --method baseline")

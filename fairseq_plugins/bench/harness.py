@@ -15,17 +15,23 @@ import datetime
 import logging
 import os
 import shlex
-from typing import Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..cli import user_dir
+from .. import user_dir
 from ..common.prepared import PreparedData
 from ..common.textio import InputError, atomic_output, read_lines, read_parallel, write_lines
 from . import report
-from .measure import Measurement, PeakMemory, percentile, timed_pass
+from .measure import (Decoder, Measurement, PeakMemory, alternating_runs, load_average, oversubscribed, percentile,
+                      speed_ratio_figures, usable_cores)
 
 logger = logging.getLogger(__name__)
+
+# At batch 1 a figure is latency-bound and a whole test set takes long for both generators: time this many
+# sentences unless --limit says otherwise (larger batches decode the whole split by default).
+DEFAULT_LIMIT = 200
 
 
 def bench_methods() -> Dict[str, str]:
@@ -57,12 +63,18 @@ def add_bench_parser(subparsers):
     p.add_argument("--beam", type=int, default=5, help="beam size of the method's generator (1: greedy)")
     p.add_argument("--baseline-beam", type=int, default=None,
                    help="beam size of the stock generator (default: --beam; 1: greedy)")
-    p.add_argument("--runs", type=int, default=3, help="timed runs per generator, alternating between them")
+    p.add_argument("--runs", type=int, default=3,
+                   help="timed runs over all sentences; within a run the two generators alternate batch by batch, "
+                        "and the speed ratio is the median of the runs' ratios (fewer than 3 is flagged)")
     p.add_argument("--warmup", type=int, default=2, help="batches each generator decodes before timing")
-    p.add_argument("--limit", type=int, default=0, help="decode only the first N sentences (0: all)")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"decode only the first N sentences (0: all; default: {DEFAULT_LIMIT} at --batch-size 1, "
+                        "all at larger batches)")
     p.add_argument("--latency-limit", type=int, default=100,
                    help="sentences timed one at a time for latency when --batch-size > 1")
     p.add_argument("--label", default=None, help="name of this configuration in tables (default: the method)")
+    p.add_argument("--model-note", default=None,
+                   help="one line on what the model is (e.g. 'warm-started from the baseline, 3 min'), for tables")
     p.add_argument("--provenance", nargs="*", default=[],
                    help="files listing the commands that produced the checkpoint (one per line)")
     p.add_argument("--json", help="write the result here (JSON)")
@@ -89,7 +101,7 @@ def _check_bench_args(args) -> None:
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     for flag in ("threads", "warmup", "limit", "latency_limit"):
-        if getattr(args, flag) < 0:
+        if (getattr(args, flag) or 0) < 0:
             raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
     if args.baseline_beam is not None and args.baseline_beam < 1:
         raise InputError(f"--baseline-beam must be at least 1, got {args.baseline_beam}")
@@ -217,23 +229,35 @@ def _method_task_flags(cfg) -> Dict:
     return {key: cfg.task[key] for key in cfg.task if key not in stock and key != "_name"}
 
 
+def _bleu_figures(texts: List[str], references: List[str]) -> Dict:
+    """sacrebleu's corpus BLEU with what explains it: brevity penalty, n-gram precisions, lengths."""
+    import sacrebleu
+
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(texts, [references])
+    return {
+        "bleu": round(score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "bleu_brevity_penalty": round(score.bp, 4),
+        "bleu_precisions": [round(p, 2) for p in score.precisions],
+        "hypothesis_length": score.sys_len,  # sacrebleu's 13a tokens, the unit of the brevity penalty
+        "reference_length": score.ref_len,
+        "length_ratio": round(score.sys_len / score.ref_len, 4) if score.ref_len else None,
+    }
+
+
 def _figures(measurement: Measurement, latencies: List[float], ids: List[int], tgt_dict, tokenizer,
              references: List[str], generator_info: Dict) -> Tuple[Dict, List[str]]:
     """One generator's figures, and its detokenised outputs."""
-    import sacrebleu
-
     eos = tgt_dict.eos()
     hypotheses = measurement.hypotheses
     texts = [tokenizer.decode(tgt_dict.string(hypotheses[i], extra_symbols_to_ignore={eos})) for i in ids]
-    bleu = sacrebleu.metrics.BLEU()
-    score = bleu.corpus_score(texts, [[references[i] for i in ids]])
     target_tokens = sum(len(hypotheses[i]) - (hypotheses[i][-1:] == [eos]) for i in ids)
     target_words = sum(len(text.split()) for text in texts)  # detokenised, as the papers count words
     seconds = measurement.median_run_seconds
     return {
         "generator": generator_info,
-        "bleu": round(score.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
+        **_bleu_figures(texts, [references[i] for i in ids]),
         "sentences_per_s": len(ids) / seconds,
         "tokens_per_s": target_tokens / seconds,
         "words_per_s": target_words / seconds,
@@ -247,98 +271,166 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
     }, texts
 
 
-def run_bench(args, argv):
+@dataclass
+class Generators:
+    """The two generators a bench compares, each wrapped as batch -> {sentence id: best hypothesis}."""
+
+    method: object
+    stock: object
+    stock_beam: int
+    decoders: Dict[str, Decoder]
+
+
+def _build_generators(args, cfg, task, models, device: torch.device) -> Generators:
+    """The method's generator (its task's ``build_generator``, from the fairseq-generate flags) and fairseq's
+    stock SequenceGenerator (the base task's ``build_generator``) on the same model, or on --baseline-path."""
+    from fairseq.tasks import FairseqTask
+
+    method_generator = task.build_generator(models, cfg.generation)
+    stock_cfg = copy.deepcopy(cfg.generation)
+    stock_cfg.beam = args.baseline_beam or args.beam
+    stock_models = _load_models(cfg, args.baseline_path, task, device)[0] if args.baseline_path else models
+    stock_generator = FairseqTask.build_generator(task, stock_models, stock_cfg)
+    return Generators(
+        method=method_generator,
+        stock=stock_generator,
+        stock_beam=stock_cfg.beam,
+        decoders={  # the order the first batch of the first run is decoded in; alternated from there
+            "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch)),
+            "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch)),
+        },
+    )
+
+
+def sentence_ids(dataset_size: int, limit: Optional[int], batch_size: int) -> List[int]:
+    """The sentences timed: the first --limit (default: DEFAULT_LIMIT at batch 1, all at larger batches)."""
+    if limit is None:
+        limit = DEFAULT_LIMIT if batch_size == 1 else 0
+    return list(range(dataset_size if not limit else min(limit, dataset_size)))
+
+
+@dataclass
+class Timings:
+    measurements: Dict[str, Measurement]
+    latencies: Dict[str, List[float]]  # seconds per sentence at batch 1
+    timing: Dict  # how the timing ran: runs, threads, load, oversubscription
+
+
+def _time(args, generators: Generators, dataset, ids: List[int], device: torch.device, load_before) -> Timings:
+    """Warm up, then the timed runs (generators alternating batch by batch), then batch-1 latency."""
     from tqdm import tqdm
 
+    decoders = generators.decoders
+    batches = _batches(dataset, ids, args.batch_size, device)
+    logger.info("bench %s: %d sentences in %d batches of up to %d on %s, %d runs", args.method, len(ids),
+                len(batches), args.batch_size, device, args.runs)
+    for decode in decoders.values():  # warm-up, not timed
+        for batch in batches[: args.warmup]:
+            decode(batch)
+    if hasattr(generators.method, "reset_generation_stats"):
+        generators.method.reset_generation_stats()
+
+    memory = PeakMemory(device)
+    bar = lambda items, run: tqdm(items, desc=f"run {run + 1}/{args.runs}", leave=False)  # noqa: E731
+    measurements = alternating_runs(decoders, batches, device, args.runs, memory, progress=bar)
+    for run in range(args.runs):
+        logger.info("run %d: method %.2f s, stock %.2f s", run + 1, measurements["method"].run_seconds[run],
+                    measurements["stock"].run_seconds[run])
+
+    if args.batch_size == 1:
+        latencies = {name: m.batch_seconds for name, m in measurements.items()}
+    else:  # latency is always at batch 1
+        single = _batches(dataset, ids[: args.latency_limit], 1, device)
+        latency_runs = alternating_runs(decoders, single, device, 1, memory)
+        latencies = {name: m.batch_seconds for name, m in latency_runs.items()}
+
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    cores = usable_cores()
+    timing = {
+        "alternation": "per batch",
+        "runs": args.runs,
+        "warmup_batches": args.warmup,
+        "sentences_timed": len(ids),
+        "latency_sentences": len(latencies["method"]),
+        "threads": threads,
+        "cores": cores,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "oversubscribed": device.type == "cpu" and oversubscribed(threads, load_before, cores),
+    }
+    return Timings(measurements, latencies, timing)
+
+
+def run_bench(args, argv):
     _check_bench_args(args)
+    load_before = load_average()  # before this process adds its own load
     # Read what we will add to before decoding, so a bad file fails at once.
     provenance = report.read_provenance(args.provenance)
     previous = report.load_results(args.json) if args.append and args.json and os.path.exists(args.json) else []
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type == "cpu" and oversubscribed(torch.get_num_threads(), load_before, usable_cores()):
+        logger.warning(
+            "bench: %d thread(s) + a load average of %.2f exceed the %d usable cores: timings will be noisy "
+            "(recorded as timing.oversubscribed)", torch.get_num_threads(), load_before, usable_cores())
+
     data = PreparedData(args.data)
     prepare_argv = data.manifest.get("command")
     if prepare_argv and all(shlex.split(command) != prepare_argv for command in provenance):
         provenance = [shlex.join(prepare_argv)] + provenance  # how the data was made, unless recorded already
     cfg = _parse_fairseq_args(args, data)
     task, models, dataset, references = _load(cfg, args, data, device)
+    generators = _build_generators(args, cfg, task, models, device)
 
-    baseline_beam = args.baseline_beam or args.beam
-    method_generator = task.build_generator(models, cfg.generation)
-    stock_cfg = copy.deepcopy(cfg.generation)
-    stock_cfg.beam = baseline_beam
-    from fairseq.tasks import FairseqTask
-
-    stock_models = _load_models(cfg, args.baseline_path, task, device)[0] if args.baseline_path else models
-    stock_generator = FairseqTask.build_generator(task, stock_models, stock_cfg)  # the stock SequenceGenerator
-    decoders = {
-        "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch)),
-        "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch)),
-    }
-
-    ids = list(range(len(dataset) if not args.limit else min(args.limit, len(dataset))))
-    batches = _batches(dataset, ids, args.batch_size, device)
-    logger.info("bench %s: %d sentences in %d batches of up to %d on %s", args.method, len(ids), len(batches),
-                args.batch_size, device)
-
-    for decode in decoders.values():  # warm-up, not timed
-        for batch in batches[: args.warmup]:
-            decode(batch)
-    if hasattr(method_generator, "reset_generation_stats"):
-        method_generator.reset_generation_stats()
-
-    memory = PeakMemory(device)
-    measurements = {name: Measurement() for name in decoders}
-    order = list(decoders)
-    for run in range(args.runs):
-        for name in order if run % 2 == 0 else order[::-1]:  # alternate which generator goes first
-            bar = lambda items, n=name, r=run: tqdm(items, desc=f"{n} run {r + 1}/{args.runs}", leave=False)
-            timed_pass(decoders[name], batches, device, measurements[name], memory, progress=bar)
-            logger.info("run %d %s: %.2f s", run + 1, name, measurements[name].run_seconds[-1])
-
-    if args.batch_size == 1:
-        latencies = {name: m.batch_seconds for name, m in measurements.items()}
-    else:  # latency is always at batch 1
-        single = _batches(dataset, ids[: args.latency_limit], 1, device)
-        latency_runs = {name: Measurement() for name in decoders}
-        for name in order:
-            timed_pass(decoders[name], single, device, latency_runs[name], memory)
-        latencies = {name: m.batch_seconds for name, m in latency_runs.items()}
+    ids = sentence_ids(len(dataset), args.limit, args.batch_size)
+    timings = _time(args, generators, dataset, ids, device, load_before)
 
     tokenizer = data.tokenizer(data.target_lang)
-    task_flags = _method_task_flags(cfg)
     method, method_texts = _figures(
-        measurements["method"], latencies["method"], ids, task.target_dictionary, tokenizer, references,
-        _generator_description(method_generator, args.beam, cfg, task_flags),
+        timings.measurements["method"], timings.latencies["method"], ids, task.target_dictionary, tokenizer,
+        references, _generator_description(generators.method, args.beam, cfg, _method_task_flags(cfg)),
     )
     stock, _ = _figures(
-        measurements["stock"], latencies["stock"], ids, task.target_dictionary, tokenizer, references,
-        _generator_description(stock_generator, baseline_beam, cfg, {}),
+        timings.measurements["stock"], timings.latencies["stock"], ids, task.target_dictionary, tokenizer,
+        references, _generator_description(generators.stock, generators.stock_beam, cfg, {}),
     )
-    stats = dict(method_generator.generation_stats()) if hasattr(method_generator, "generation_stats") else {}
-    same = sum(measurements["method"].hypotheses[i] == measurements["stock"].hypotheses[i] for i in ids)
-    stats["outputs_identical_to_baseline"] = same / len(ids)
+    stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") else {}
+    method_outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("method", "stock"))
+    stats["outputs_identical_to_baseline"] = sum(method_outputs[i] == stock_outputs[i] for i in ids) / len(ids)
 
-    result = {
+    result = _result(args, argv, device, method, stock, stats, timings, provenance)
+    _write_outputs(args, previous + [result], method_texts)
+    print(report.markdown_table([result]), end="")
+    if result["speed_ratio_flagged"]:
+        logger.warning("bench: %s", "; ".join(report.flag_reasons(result)))
+    return result
+
+
+def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings: Timings,
+            provenance: List[str]) -> Dict:
+    """One bench result (the JSON schema of docs/bench.md)."""
+    return {
         "method": args.method,
         **({"label": args.label} if args.label else {}),
+        **({"model_note": args.model_note} if args.model_note else {}),
         "device": report.device_name(device),
         "device_type": device.type,
-        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "threads": timings.timing["threads"],
         "batch_size": args.batch_size,
         "beam": args.beam,
         **method,
         "stats": stats,
         "baseline": stock,
-        "speed_ratio": method["tokens_per_s"] / stock["tokens_per_s"],
-        "ratios": {
+        **speed_ratio_figures(stock["run_seconds"], method["run_seconds"]),
+        "ratios": {  # secondary columns: method / stock (tokens/s rewards longer outputs)
             key: (method[key] / stock[key]) if stock.get(key) else None
-            for key in ("sentences_per_s", "tokens_per_s", "words_per_s", "latency_ms_p50", "latency_ms_p90", "peak_memory_mb")
+            for key in ("sentences_per_s", "tokens_per_s", "words_per_s", "latency_ms_p50", "latency_ms_p90",
+                        "peak_memory_mb")
         },
         "bleu_delta": round(method["bleu"] - stock["bleu"], 2),
-        "peak_memory_note": None if device.type == "cuda" else (
-            "process peak RSS during the run" if memory.resettable else "process peak RSS since start"),
+        "timing": timings.timing,
+        "peak_memory_note": None if device.type == "cuda" else "process peak RSS during each batch",
         "data": {"dir": os.path.abspath(args.data), "split": None if args.source_file else args.split,
                  "source_file": args.source_file, "reference_file": args.reference_file},
         "checkpoint": os.path.abspath(args.path),
@@ -350,9 +442,6 @@ def run_bench(args, argv):
         "versions": report.versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    _write_outputs(args, previous + [result], method_texts)
-    print(report.markdown_table([result]), end="")
-    return result
 
 
 def _write_outputs(args, results: List[Dict], method_texts: List[str]) -> None:

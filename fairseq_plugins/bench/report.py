@@ -47,39 +47,83 @@ def _cell(figures: Dict, key: str, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def flag_reasons(result: Dict) -> List[str]:
+    """Why a result's speed ratio should not be taken at face value (empty when nothing is wrong)."""
+    from .measure import SPREAD_FLAG
+
+    reasons = []
+    runs = result.get("speed_ratio_runs") or []
+    if len(runs) < 3:
+        reasons.append(f"{len(runs) or 'no'} timed run(s), fewer than 3")
+    spread = result.get("speed_ratio_spread")
+    if spread is not None and spread > SPREAD_FLAG:
+        reasons.append(f"the runs' ratios spread over {100 * spread:.0f}% of the median (more than "
+                       f"{100 * SPREAD_FLAG:.0f}%)")
+    if (result.get("timing") or {}).get("oversubscribed"):
+        reasons.append("threads + load average exceeded the cores during the run")
+    return reasons
+
+
+def ratio_cell(result: Dict) -> str:
+    """``1.23x (1.20-1.25)``: the median speed ratio with its min-max over runs; ``!`` marks a flagged one."""
+    text = f"{result['speed_ratio']:.2f}x"
+    if result.get("speed_ratio_min") is not None:
+        text += f" ({result['speed_ratio_min']:.2f}-{result['speed_ratio_max']:.2f})"
+    return text + (" !" if flag_reasons(result) else "")
+
+
+def _flag_notes(results: List[Dict]) -> str:
+    notes = [f"! {result.get('label') or result['method']}: {'; '.join(flag_reasons(result))}"
+             for result in results if flag_reasons(result)]
+    return "".join(note + "\n" for note in notes)
+
+
 def markdown_table(results: List[Dict]) -> str:
     """One row per generator: each method result, then the stock generator measured beside it."""
     header = ["method", "generator", "device", "threads", "batch"] + [c[0] for c in COLUMNS] + ["speed ratio"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in results:
         for name, figures, ratio in (
-            (result.get("label") or result["method"], result, f"{result['speed_ratio']:.2f}x"),
+            (result.get("label") or result["method"], result, ratio_cell(result)),
             ("stock", result["baseline"], "1.00x"),
         ):
             row = [name, figures["generator"]["description"], result["device"], str(result["threads"]),
                    str(result["batch_size"])]
             row += [_cell(figures, key, fmt) for _, key, fmt in COLUMNS] + [ratio]
             lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    notes = _flag_notes(results)
+    return "\n".join(lines) + "\n" + (f"\nSpeed ratio: {SPEED_RATIO_HEADER}.\n" + notes if results else "")
+
+
+# What every table's "speed ratio" column is (the full definition: measure.SPEED_RATIO_DEFINITION).
+SPEED_RATIO_HEADER = ("stock time / method time on the same sentences, median over runs (min-max); "
+                      "! = flagged, see below")
 
 
 def summary_table(results: List[Dict]) -> str:
-    """The demo's table: method, BLEU, sentences/s and speed against the stock generator on the same model."""
-    rows = [("method", "BLEU", "sentences/s", "stock sentences/s", "speed ratio")]
+    """The demo's table: per result, BLEU beside the stock generator's on the same model, the speed ratio with
+    its spread, the batch size, and what the model is."""
+    rows = [("method", "BLEU", "stock BLEU", "dBLEU", "speed ratio (min-max)", "batch", "model")]
     for result in results:
+        base = result["baseline"]
         rows.append((
-            f"{result.get('label') or result['method']} ({result['generator']['description']})",
+            f"{result.get('label') or result['method']} ({result['generator']['description']} vs stock "
+            f"{base['generator']['description']})",
             f"{result['bleu']:.2f}",
-            f"{result['sentences_per_s']:.2f}",
-            f"{result['baseline']['sentences_per_s']:.2f} ({result['baseline']['generator']['description']})",
-            f"{result['speed_ratio']:.2f}x",
+            f"{base['bleu']:.2f}",
+            f"{result['bleu'] - base['bleu']:+.2f}",
+            ratio_cell(result),
+            str(result["batch_size"]),
+            result.get("model_note") or "-",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows) + "\n"
+    table = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\n" + _flag_notes(results)
 
 
 def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
-    """Target tokens/s (x) against BLEU (y): each method point with an arrow from its stock baseline."""
+    """Speed ratio (x; the stock generator is 1) against BLEU (y): each method point with an arrow from its
+    stock baseline measured in the same run, and the ratio's min-max over runs as an error bar."""
     import logging
 
     import matplotlib
@@ -90,15 +134,16 @@ def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for result in results:
-        base, label = result["baseline"], result.get("label") or result["method"]
-        ax.scatter(base["tokens_per_s"], base["bleu"], color="grey", marker="s")
-        ax.scatter(result["tokens_per_s"], result["bleu"], marker="o")
-        ax.annotate("", xy=(result["tokens_per_s"], result["bleu"]), xytext=(base["tokens_per_s"], base["bleu"]),
+        base, label, ratio = result["baseline"], result.get("label") or result["method"], result["speed_ratio"]
+        low, high = result.get("speed_ratio_min", ratio), result.get("speed_ratio_max", ratio)
+        ax.scatter(1.0, base["bleu"], color="grey", marker="s")
+        ax.errorbar(ratio, result["bleu"], xerr=[[ratio - low], [high - ratio]], marker="o", capsize=3)
+        ax.annotate("", xy=(ratio, result["bleu"]), xytext=(1.0, base["bleu"]),
                     arrowprops={"arrowstyle": "->", "color": "grey", "alpha": 0.6})
-        ax.annotate(f"{label} ({result['generator']['description']})", (result["tokens_per_s"], result["bleu"]),
+        ax.annotate(f"{label} ({result['generator']['description']})", (ratio, result["bleu"]),
                     fontsize=8, xytext=(4, 4), textcoords="offset points")
     first = results[0]
-    ax.set_xlabel("target tokens / s (grey squares: stock fairseq generator, same run)")
+    ax.set_xlabel("speed ratio: stock time / method time, same sentences (grey squares: stock = 1)")
     ax.set_ylabel("BLEU (sacrebleu, detokenised)")
     ax.set_title(f"{first['device']}, {first['threads']} thread(s), batch {first['batch_size']}", fontsize=9)
     ax.grid(alpha=0.3)
