@@ -59,8 +59,11 @@ def flag_reasons(result: Dict) -> List[str]:
     if spread is not None and spread > SPREAD_FLAG:
         reasons.append(f"the runs' ratios spread over {100 * spread:.0f}% of the median (more than "
                        f"{100 * SPREAD_FLAG:.0f}%)")
-    if (result.get("timing") or {}).get("oversubscribed"):
+    timing = result.get("timing") or {}
+    if timing.get("oversubscribed"):
         reasons.append("threads + load average exceeded the cores during the run")
+    if timing.get("alternation") == "per pass":
+        reasons.append("runs alternated pass by pass, not batch by batch (measured before the current bench)")
     return reasons
 
 
