@@ -1,8 +1,16 @@
 """The fixes the package installs on import (fairseq_plugins/common/fairseq_fixes.py)."""
 
+import os
 import subprocess
 import sys
 import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import USER_DIR, run
+
+DROP_ENV = "FAIRSEQ_PLUGINS_DROP_LAST_PARTIAL_BATCH"
 
 SAVE_AND_LOAD = textwrap.dedent("""
     import argparse, sys, torch
@@ -31,7 +39,6 @@ def test_checkpoint_with_namespace_loads_only_with_the_fix(tmp_path):
 
 
 def test_batch_by_size_keeps_every_sentence_in_order():
-    import numpy as np
     from fairseq.data import data_utils
 
     import fairseq_plugins  # noqa: F401  (installs the fix)
@@ -44,3 +51,71 @@ def test_batch_by_size_keeps_every_sentence_in_order():
         assert all(len(batch) <= max_sentences for batch in batches)
     fairseq_plugins.common.fairseq_fixes.keep_last_partial_batch()  # idempotent: wraps once
     assert not hasattr(data_utils.batch_by_size.__wrapped__, "__wrapped__")
+
+
+def _batch(indices, **kwargs):
+    from fairseq.data import data_utils
+
+    import fairseq_plugins  # noqa: F401  (installs the fix)
+
+    return data_utils.batch_by_size(indices, num_tokens_fn=lambda i: 10, **kwargs)
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_an_empty_index_list_gives_no_batches(multiple, monkeypatch):
+    # fairseq itself raises IndexError here when --required-batch-size-multiple > 1
+    for drop in ("0", "1"):
+        monkeypatch.setenv(DROP_ENV, drop)
+        assert _batch(np.array([], dtype=np.int64), max_sentences=4, required_batch_size_multiple=multiple) == []
+        assert _batch([], max_tokens=100, required_batch_size_multiple=multiple) == []
+
+
+def test_max_tokens_batching_keeps_the_tail_that_fairseq_drops(monkeypatch):
+    indices = np.arange(13, dtype=np.int64)
+    monkeypatch.delenv(DROP_ENV, raising=False)
+    # 10 tokens a sentence, 45 tokens a batch, multiple 8: fairseq makes batches of 4 and drops the 13th;
+    # with room for all 13, it splits 8 + 5 and drops 5.
+    for max_tokens, sizes in ((45, [4, 4, 4, 1]), (200, [8, 5])):
+        batches = _batch(indices, max_tokens=max_tokens, required_batch_size_multiple=8)
+        assert [len(b) for b in batches] == sizes
+        assert np.array_equal(np.concatenate(batches), indices)
+
+
+def test_the_opt_out_restores_fairseqs_batches(monkeypatch):
+    from fairseq.data import data_utils
+
+    import fairseq_plugins  # noqa: F401  (installs the fix)
+
+    fairseqs_own = data_utils.batch_by_size.__wrapped__
+    indices = np.arange(13, dtype=np.int64)
+    monkeypatch.setenv(DROP_ENV, "1")
+    for kwargs in ({"max_tokens": 45}, {"max_tokens": 200}, {"max_sentences": 1}, {"max_sentences": 3}):
+        ours = _batch(indices, required_batch_size_multiple=8, **kwargs)
+        theirs = fairseqs_own(indices, num_tokens_fn=lambda i: 10, required_batch_size_multiple=8, **kwargs)
+        assert [b.tolist() for b in ours] == [b.tolist() for b in theirs], kwargs
+        assert sum(map(len, ours)) < len(indices), kwargs  # fairseq does drop a tail in each of these
+
+
+def test_fairseq_generate_decodes_every_sentence_of_a_13_sentence_test_set(trained, tmp_path):
+    """13 is no multiple of fairseq's default --required-batch-size-multiple (8): stock fairseq decodes 12."""
+    data = trained["data"]
+    (tmp_path / "tok").mkdir()
+    for lang in ("src", "tgt"):
+        with open(os.path.join(data, "tok", f"test.{lang}")) as f:
+            lines = f.readlines()[:13]
+        (tmp_path / "tok" / f"test.{lang}").write_text("".join(lines))
+    bin_dir = tmp_path / "bin"
+    run("fairseq_cli.preprocess", "-s", "src", "-t", "tgt", "--testpref", tmp_path / "tok" / "test",
+        "--srcdict", os.path.join(data, "bin", "dict.src.txt"), "--tgtdict", os.path.join(data, "bin", "dict.tgt.txt"),
+        "--destdir", bin_dir, "--workers", "1")
+
+    def decoded(batch_size, drop):
+        proc = run("fairseq_cli.generate", bin_dir, "--user-dir", USER_DIR,
+                   "--path", trained["checkpoint"], "--gen-subset", "test", "--beam", "1",
+                   "--batch-size", batch_size, env={DROP_ENV: drop})
+        return sorted(int(line.split("\t")[0][2:]) for line in proc.stdout.splitlines() if line.startswith("S-"))
+
+    for batch_size in (1, 4):
+        assert decoded(batch_size, "0") == list(range(13)), batch_size
+    assert len(decoded(1, "1")) == 12  # the opt-out: fairseq's own batching drops the 13th
+

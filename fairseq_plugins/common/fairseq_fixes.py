@@ -5,9 +5,13 @@ Each wraps one fairseq or torch entry point without copying it, and is idempoten
 
 import argparse
 import functools
+import logging
+import os
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def allow_fairseq_checkpoints() -> None:
@@ -29,10 +33,20 @@ def _numpy_array_globals() -> list:
             *{type(np.dtype(t)) for t in (np.int64, np.int32, np.float64, np.float32, np.bool_)}]
 
 
+# Set to 1 to restore fairseq's own batching (the last partial batch dropped), e.g. to reproduce a
+# training run made without this package; read at every call, so it may be set after import.
+DROP_LAST_PARTIAL_BATCH_ENV = "FAIRSEQ_PLUGINS_DROP_LAST_PARTIAL_BATCH"
+
+
 def keep_last_partial_batch() -> None:
     """fairseq main's ``batch_by_size`` drops the last batch when its size is not a multiple of
-    ``--required-batch-size-multiple`` (default 8), so ``fairseq-generate`` silently skips sentences
-    (39 of 40 at --batch-size 1; 296 of 300 at 64). Put the dropped indices back as a final batch."""
+    ``--required-batch-size-multiple`` (default 8; fairseq issue 5036), so ``fairseq-generate`` silently
+    skips sentences (39 of 40 at --batch-size 1; 296 of 300 at 64), and fails on an empty index list. Put the
+    dropped indices back as a final batch.
+
+    This changes training too: each epoch also trains on the (at most bsz_mult - 1) sentences fairseq would
+    drop. ``FAIRSEQ_PLUGINS_DROP_LAST_PARTIAL_BATCH=1`` restores fairseq's behaviour (empty lists still work).
+    """
     from fairseq.data import data_utils
 
     original = data_utils.batch_by_size
@@ -43,11 +57,29 @@ def keep_last_partial_batch() -> None:
     def batch_by_size(indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        if len(indices) == 0:  # fairseq's own check indexes the last of no batches
+            return []
         batches = original(indices, *args, **kwargs)
+        if os.environ.get(DROP_LAST_PARTIAL_BATCH_ENV, "0") not in ("", "0"):
+            return batches
         covered = sum(len(batch) for batch in batches)
         if covered < len(indices):  # the dropped batch is always the tail of ``indices``
             batches = list(batches) + [indices[covered:]]
+            _log_kept_once(len(indices) - covered)
         return batches
 
     batch_by_size.keeps_last_partial_batch = True
     data_utils.batch_by_size = batch_by_size
+
+
+_kept_batch_logged = False
+
+
+def _log_kept_once(sentences: int) -> None:
+    """Training builds batches every epoch: say it once a process."""
+    global _kept_batch_logged
+    if _kept_batch_logged:
+        return
+    _kept_batch_logged = True
+    logger.info("kept the last partial batch of %d sentences that fairseq drops (fairseq issue 5036); "
+                "%s=1 drops it as fairseq does", sentences, DROP_LAST_PARTIAL_BATCH_ENV)
