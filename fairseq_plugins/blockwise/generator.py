@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..common.generation import MethodGenerator
+from ..common.step_rules import StepRules
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ class BlockwiseGenerator(MethodGenerator):
         self.topk = topk
         self.distance = distance
         self.min_block_size = min_block_size
-        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
+        self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
+                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=len_penalty)
         self.max_positions = model.max_decoder_positions()
-        self.normalize_scores, self.len_penalty = normalize_scores, len_penalty
-        self.unk_penalty, self.temperature = unk_penalty, temperature
-        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
+        self.temperature = temperature
+        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
         self.learned_first_head = self.decoder.proposal_heads.learned_first_head
         self.reset_generation_stats()
@@ -83,7 +84,7 @@ class BlockwiseGenerator(MethodGenerator):
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 1)
+        max_len = self.rules.max_len(src_len, self.max_positions - 1)
         device = src_tokens.device
 
         self._stats["batches"] += 1
@@ -159,10 +160,7 @@ class BlockwiseGenerator(MethodGenerator):
     def _hypothesis(self, tokens: Tensor, positional_scores: Tensor) -> List[Dict]:
         self._stats["sentences"] += 1
         self._stats["tokens"] += tokens.numel()
-        score = positional_scores.sum()
-        if self.normalize_scores:
-            score = score / tokens.numel() ** self.len_penalty
-        return [{"tokens": tokens, "score": score, "attention": None, "alignment": None,
+        return [{"tokens": tokens, "score": self.rules.score(positional_scores), "attention": None, "alignment": None,
                  "positional_scores": positional_scores}]
 
     def _base_lprobs(self, features: Tensor, first_index: Tensor, max_len: int) -> Tensor:
@@ -179,16 +177,8 @@ class BlockwiseGenerator(MethodGenerator):
             logits = logits / self.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         lprobs[lprobs != lprobs] = -math.inf
-        lprobs[..., self.pad] = -math.inf
-        lprobs[..., self.unk] -= self.unk_penalty
         index = first_index.unsqueeze(1) + torch.arange(lprobs.size(1), device=lprobs.device)
-        lprobs[..., self.eos].masked_fill_(index < self.min_len, -math.inf)
-        at_max = index >= max_len
-        if at_max.any():
-            eos_scores = lprobs[..., self.eos].clone()
-            lprobs.masked_fill_(at_max.unsqueeze(-1), -math.inf)
-            lprobs[..., self.eos] = torch.where(at_max, eos_scores, lprobs[..., self.eos])
-        return lprobs
+        return self.rules.apply(lprobs, index, max_len)
 
     def _proposals(self, state: Tensor) -> Tensor:
         """Heads 2..k at the last accepted state: (B, d) -> (B, k - 1) proposed tokens."""

@@ -1,4 +1,5 @@
-"""Prepared data directories: raw parallel text -> tokens -> fairseq binaries, and the way back.
+"""Prepared data directories: raw parallel text -> tokens -> fairseq binaries, and the way back; the
+``prepare``, ``prepare-lm`` and ``detok`` subcommands.
 
 Layout written by ``fairseq-plugins prepare`` (the directory is built aside and renamed into place)::
 
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 MANIFEST = "prepare.json"
 MANIFEST_VERSION = 1
 FAIRSEQ_SPLITS = ("train", "valid", "test")
+LM_STREAM = "txt"  # prepare_lm's tokenised text: tok/<split>.txt
 # File stems each fairseq split is found under, in order of preference (Multi30k's names first).
 SPLIT_STEMS = {
     "train": ("train",),
@@ -112,9 +114,7 @@ def prepare(
             char = CharTokenizer()
             for split in FAIRSEQ_SPLITS:
                 for lang in langs:
-                    path = f"{prefixes[split]}.{lang}"
-                    for number, line in enumerate(texts[split][lang], start=1):
-                        char.check(line, f"{path}:{number}")
+                    _check_characters(char, texts[split][lang], f"{prefixes[split]}.{lang}")
             tokenizers = {lang: char for lang in langs}
             specs = {lang: char.spec() for lang in langs}
         elif tokenizer == "sentencepiece":
@@ -122,14 +122,8 @@ def prepare(
         else:
             raise InputError(f"--tokenizer {tokenizer!r}: expected 'sentencepiece' or 'char'")
 
-        for split in FAIRSEQ_SPLITS:
-            for lang in langs:
-                encoded = [tokenizers[lang].encode(line) for line in texts[split][lang]]
-                write_lines(os.path.join(build_dir, "tok", f"{split}.{lang}"), encoded)
-
         joined_dictionary = joint or tokenizer == "char"
-        _binarize(build_dir, source_lang, target_lang, joined_dictionary, workers)
-
+        _tokenize_and_binarize(build_dir, texts, tokenizers, workers, (source_lang, target_lang), joined_dictionary)
         manifest = {
             "version": MANIFEST_VERSION,
             "source_lang": source_lang,
@@ -142,8 +136,7 @@ def prepare(
             },
             "command": command or [],
         }
-        with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, ensure_ascii=False)
+        _write_manifest(build_dir, manifest)
     logger.info("prepared %s -> %s", raw_dir, out_dir)
     return manifest
 
@@ -167,23 +160,52 @@ def _train_sentencepiece_models(build_dir, langs, joint, vocab_size, model_type)
     return tokenizers, specs
 
 
-def _binarize(build_dir, source_lang, target_lang, joined_dictionary, workers):
+def _check_characters(char: CharTokenizer, lines: List[str], path: str) -> None:
+    for number, line in enumerate(lines, start=1):
+        char.check(line, f"{path}:{number}")
+
+
+def _tokenize_and_binarize(build_dir: str, texts: Dict[str, Dict[str, List[str]]], tokenizers: Dict, workers: int,
+                           pair: Optional[tuple] = None, joined_dictionary: bool = False) -> Dict:
+    """The one text -> tokens -> binaries pipeline of :func:`prepare` and :func:`prepare_lm`.
+
+    ``texts[split][name]`` is written tokenised to ``tok/<split>.<name>`` and binarised by fairseq-preprocess
+    into ``bin/``: as a (source, target) ``pair`` of languages, or, without one, as a single monolingual
+    stream (``--only-source``: bin/<split>.bin, what ``--task language_modeling`` reads). Returns the
+    tokenised lines.
+    """
     from fairseq import options
     from fairseq_cli import preprocess
 
     tok = os.path.join(build_dir, "tok")
-    argv = [
-        "--source-lang", source_lang, "--target-lang", target_lang,
-        "--trainpref", os.path.join(tok, "train"),
-        "--validpref", os.path.join(tok, "valid"),
-        "--testpref", os.path.join(tok, "test"),
-        "--destdir", os.path.join(build_dir, "bin"),
-        "--workers", str(workers),
-    ]
+    encoded = {}
+    for split, by_name in texts.items():
+        for name, lines in by_name.items():
+            encoded.setdefault(split, {})[name] = [tokenizers[name].encode(line) for line in lines]
+            write_lines(os.path.join(tok, f"{split}.{name}"), encoded[split][name])
+    argv = ["--destdir", os.path.join(build_dir, "bin"), "--workers", str(workers)]
+    for split in FAIRSEQ_SPLITS:
+        if split not in texts:
+            continue
+        if pair:  # fairseq-preprocess appends .<lang> to the prefix
+            prefix = os.path.join(tok, split)
+        else:  # one stream, read from the prefix as it is
+            (name,) = texts[split]
+            prefix = os.path.join(tok, f"{split}.{name}")
+        argv += [f"--{split}pref", prefix]
+    if pair:
+        argv += ["--source-lang", pair[0], "--target-lang", pair[1]]
+    else:
+        argv.append("--only-source")
     if joined_dictionary:
         argv.append("--joined-dictionary")
-    args = options.get_preprocessing_parser().parse_args(argv)
-    preprocess.main(args)
+    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    return encoded
+
+
+def _write_manifest(build_dir: str, manifest: Dict) -> None:
+    with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False)
 
 
 class PreparedData:
@@ -250,34 +272,110 @@ def prepare_lm(
     _check_output_dir(out_dir, overwrite)
     sources = {"train": train, "valid": valid, **({"test": test} if test else {})}
     char = CharTokenizer()
-    encoded = {}
+    texts = {}
     for split, path in sources.items():
-        lines = read_lines(path, allow_empty_lines=True)
-        for number, line in enumerate(lines, start=1):
-            char.check(line, f"{path}:{number}")
-        encoded[split] = [char.encode(line) for line in lines]
+        texts[split] = {LM_STREAM: read_lines(path, allow_empty_lines=True)}
+        _check_characters(char, texts[split][LM_STREAM], path)
 
     with _build_aside(out_dir) as build_dir:
-        from fairseq import options
-        from fairseq_cli import preprocess
-
-        tok = os.path.join(build_dir, "tok")
-        for split, lines in encoded.items():
-            write_lines(os.path.join(tok, f"{split}.txt"), lines)
-        argv = ["--only-source", "--trainpref", os.path.join(tok, "train.txt"),
-                "--validpref", os.path.join(tok, "valid.txt"), "--destdir", os.path.join(build_dir, "bin")]
-        if test:
-            argv += ["--testpref", os.path.join(tok, "test.txt")]
-        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        encoded = _tokenize_and_binarize(build_dir, texts, {LM_STREAM: char}, workers=1)
         manifest = {
             "version": MANIFEST_VERSION,
             "kind": "lm",
             "tokenizer": {"text": char.spec()},
-            "splits": {split: {"lines": len(lines), "characters": sum(len(l.split()) for l in lines),
+            "splits": {split: {"lines": len(lines[LM_STREAM]),
+                               "characters": sum(len(line.split()) for line in lines[LM_STREAM]),
                                "from": os.path.abspath(sources[split])} for split, lines in encoded.items()},
             "command": command or [],
         }
-        with open(os.path.join(build_dir, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, ensure_ascii=False)
+        _write_manifest(build_dir, manifest)
     logger.info("prepared character LM data %s -> %s", ", ".join(sources.values()), out_dir)
     return manifest
+
+
+# ---- the subcommands: fairseq-plugins prepare, prepare-lm, detok ----
+
+def add_prepare_parser(subparsers):
+    p = subparsers.add_parser(
+        "prepare",
+        help="raw parallel text -> SentencePiece or character tokens -> fairseq-preprocess binaries",
+        description="Tokenise a raw parallel corpus (Multi30k layout: train.L, val.L, test_2016_flickr.L) "
+        "and binarise it with fairseq-preprocess into OUT/bin. See fairseq_plugins/common/prepared.py.",
+    )
+    p.add_argument("raw_dir", help="directory of raw text files <split>.<lang>")
+    p.add_argument("out_dir", help="output directory (built aside, renamed into place when complete)")
+    p.add_argument("-s", "--source-lang", required=True, help="source language suffix, e.g. en")
+    p.add_argument("-t", "--target-lang", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--tokenizer", choices=("sentencepiece", "char"), default="sentencepiece",
+                   help="subword (SentencePiece) or character tokens (spaces become a visible symbol)")
+    p.add_argument("--char", dest="tokenizer", action="store_const", const="char",
+                   help="shorthand for --tokenizer char")
+    p.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size per model")
+    p.add_argument("--separate", dest="joint", action="store_false",
+                   help="one SentencePiece model and dictionary per language (default: joint, shared)")
+    p.add_argument("--spm-model-type", choices=("unigram", "bpe"), default="unigram",
+                   help="SentencePiece model type")
+    for split in ("train", "valid", "test"):
+        p.add_argument(f"--{split}-name", default=None,
+                       help=f"file stem of the {split} split (default: Multi30k names, then '{split}')")
+    p.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs (0: all)")
+    p.add_argument("--workers", type=int, default=1, help="fairseq-preprocess worker processes")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.set_defaults(run=_run_prepare)
+
+
+def _run_prepare(args, argv):
+    stems = {split: getattr(args, f"{split}_name") for split in ("train", "valid", "test")}
+    prepare(
+        args.raw_dir, args.out_dir, args.source_lang, args.target_lang,
+        tokenizer=args.tokenizer, vocab_size=args.vocab_size, joint=args.joint,
+        spm_model_type=args.spm_model_type, split_stems=stems, train_limit=args.train_limit,
+        workers=args.workers, overwrite=args.overwrite, command=["fairseq-plugins"] + argv,
+    )
+
+
+def add_prepare_lm_parser(subparsers):
+    p = subparsers.add_parser(
+        "prepare-lm",
+        help="raw text -> character tokens -> fairseq-preprocess binaries for --task language_modeling",
+        description="One token per character (spaces as a visible symbol), one sample line per text line with "
+        "fairseq's EOS standing for the newline. See prepare_lm in fairseq_plugins/common/prepared.py.",
+    )
+    p.add_argument("train", help="training text file")
+    p.add_argument("valid", help="validation text file")
+    p.add_argument("out_dir", help="output directory (built aside, renamed into place when complete)")
+    p.add_argument("--test", default=None, help="test text file (optional)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.set_defaults(run=_run_prepare_lm)
+
+
+def _run_prepare_lm(args, argv):
+    prepare_lm(args.train, args.valid, args.out_dir, test=args.test, overwrite=args.overwrite,
+               command=["fairseq-plugins"] + argv)
+
+
+def add_detok_parser(subparsers):
+    p = subparsers.add_parser(
+        "detok", help="tokens (or fairseq-generate output) -> text, with a prepared directory's tokenizer",
+    )
+    p.add_argument("data", help="prepared data directory (has prepare.json)")
+    p.add_argument("--lang", default=None, help="language whose tokenizer to use (default: the target)")
+    p.add_argument("--input", default="-", help="input file (default: standard input)")
+    p.add_argument("--from-generate", action="store_true",
+                   help="input is fairseq-generate output: take its H- lines in sentence order")
+    p.add_argument("--keep-pieces", action="store_true",
+                   help="write the tokens as they are (e.g. fairseq-generate hypotheses in corpus order, "
+                        "for distillation) instead of detokenizing them")
+    p.set_defaults(run=_run_detok)
+
+
+def _run_detok(args, argv):
+    data = PreparedData(args.data)
+    lang = args.lang or data.target_lang
+    if args.input == "-":
+        detokenize_stream(data, lang, sys.stdin, args.from_generate, keep_pieces=args.keep_pieces)
+    else:
+        if not os.path.isfile(args.input):
+            raise InputError(f"--input {args.input}: no such file")
+        with open(args.input, encoding="utf-8") as f:
+            detokenize_stream(data, lang, f, args.from_generate, keep_pieces=args.keep_pieces)

@@ -29,6 +29,7 @@ from torch import Tensor
 from fairseq.sequence_generator import SequenceGenerator
 
 from ..common.generation import MethodGenerator
+from ..common.step_rules import StepRules
 from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)
@@ -64,12 +65,13 @@ class DoubleTokenGenerator(MethodGenerator):
         self.model = model
         self.eod, self.token_order = eod, token_order
         self.beam_size, self.left_candidates, self.pair_candidates = beam_size, left_candidates, pair_candidates
-        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
+        # Lengths count natural tokens; the end of an output is EOD (see _constrained_lprobs).
+        self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
+                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=len_penalty)
         # Inputs of the step that emits natural tokens 2s+1, 2s+2 sit at positions 2s, 2s+1.
         self.max_positions = model.max_decoder_positions()
-        self.normalize_scores, self.len_penalty = normalize_scores, len_penalty
-        self.unk_penalty, self.temperature = unk_penalty, temperature
-        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
+        self.temperature = temperature
+        self.eos = tgt_dict.eos()
         self.reset_generation_stats()
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
@@ -97,10 +99,7 @@ class DoubleTokenGenerator(MethodGenerator):
         bsz, src_len = src_tokens.shape[:2]
         device = src_tokens.device
         W = self.beam_size
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 3)
-        if self.min_len > max_len:  # fairseq's own generator refuses the same
-            raise ValueError(f"--min-len {self.min_len} is larger than the maximum output length {max_len} "
-                             "(--max-len-a/--max-len-b, capped by the model's positions)")
+        max_len = self.rules.max_len(src_len, self.max_positions - 3)
         self._stats["batches"] += 1
 
         encoder_out = self.model.encoder.forward_torchscript(net_input)
@@ -206,16 +205,9 @@ class DoubleTokenGenerator(MethodGenerator):
             logits = logits / self.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         lprobs[lprobs != lprobs] = -math.inf
-        lprobs[..., self.pad] = -math.inf
         lprobs[..., self.eos] = -math.inf
-        lprobs[..., self.unk] -= self.unk_penalty
-        for slot, length in ((0, 2 * step), (1, 2 * step + 1)):  # natural length if this slot is EOD
-            if length < self.min_len:
-                lprobs[:, slot, self.eod] = -math.inf
-            elif length >= max_len:
-                eod_score = lprobs[:, slot, self.eod].clone()
-                lprobs[:, slot] = -math.inf
-                lprobs[:, slot, self.eod] = eod_score
+        for slot in (0, 1):  # natural length if this slot is EOD: 2s, 2s + 1
+            self.rules.apply(lprobs[:, slot], 2 * step + slot, max_len, end=self.eod)
         return lprobs
 
     def _hypothesis(self, folded: Tensor, slot_scores: Tensor) -> Dict:
@@ -226,8 +218,5 @@ class DoubleTokenGenerator(MethodGenerator):
         # The EOS position scores every slot not kept: the EOD(s) of the last pair.
         eos_score = slot_scores.sum() - slot_scores[index].sum()
         positional_scores = torch.cat([slot_scores[index], eos_score.view(1)])
-        score = positional_scores.sum()
-        if self.normalize_scores:
-            score = score / tokens.numel() ** self.len_penalty
-        return {"tokens": tokens, "score": score, "attention": None, "alignment": None,
+        return {"tokens": tokens, "score": self.rules.score(positional_scores), "attention": None, "alignment": None,
                 "positional_scores": positional_scores}

@@ -21,6 +21,8 @@ from typing import Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+from ..common.step_rules import StepRules
+
 
 class StepModel(Protocol):
     def start(self, sample: Dict, candidates: Optional[Tensor]) -> None:
@@ -40,9 +42,9 @@ class BeamSearch:
             raise ValueError(f"--nbest {nbest} cannot exceed --beam {beam}")
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.beam, self.nbest = beam, nbest
-        self.max_len_a, self.max_len_b, self.max_len = max_len_a, max_len_b, max_len
-        self.min_len, self.lenpen, self.normalize_scores = min_len, lenpen, normalize_scores
-        self.unk_penalty = unk_penalty
+        self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
+                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=lenpen)
+        self.max_len = max_len  # the model's positions
         self.early_stop_delta = early_stop_delta
         self.steps = 0  # decoder steps of the last search (for statistics)
         self.stopped_early = 0
@@ -53,7 +55,7 @@ class BeamSearch:
         batch, device = src_tokens.size(0), src_tokens.device
         # As fairseq: the longest source of the batch sets every sentence's limit.
         src_len = int(sample["net_input"]["src_lengths"].max())
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
+        max_len = self.rules.max_len(src_len, self.max_len - 1)
         model.start(sample, candidates)
         beam = self.beam
         mask = columns_of = None
@@ -77,7 +79,7 @@ class BeamSearch:
             if mask is not None:
                 lprobs = lprobs + mask
             width = lprobs.size(-1)
-            self._apply_rules(lprobs, columns_of, step, max_len)
+            self.rules.apply(lprobs, step, max_len, columns=columns_of)
             k = lprobs.size(1)
             cumulative = scores.unsqueeze(-1) + lprobs  # (B, k, C)
             top = min(2 * beam, k * width)
@@ -131,35 +133,10 @@ class BeamSearch:
             results.append(hypotheses)
         return results
 
-    def _apply_rules(self, lprobs: Tensor, columns_of: Optional[Dict[int, Tensor]], step: int, max_len: int) -> None:
-        """fairseq's per-step rules, in place: no padding, unknown-word penalty, only EOS at the maximum length,
-        no EOS before --min-len. ``columns_of`` maps pad, unk and EOS to where each sits in the candidate lists,
-        (B, 1, C) bool (None: the columns are the vocabulary)."""
-        inf = float("-inf")
-        if columns_of is None:
-            lprobs[:, :, self.pad] = inf
-            if self.unk_penalty:
-                lprobs[:, :, self.unk] -= self.unk_penalty
-            if step >= max_len:
-                eos = lprobs[:, :, self.eos].clone()
-                lprobs.fill_(inf)
-                lprobs[:, :, self.eos] = eos
-            elif step < self.min_len:
-                lprobs[:, :, self.eos] = inf
-            return
-        is_eos = columns_of[self.eos]
-        lprobs.masked_fill_(columns_of[self.pad], inf)
-        if self.unk_penalty:
-            lprobs.sub_(columns_of[self.unk].float() * self.unk_penalty)
-        if step >= max_len:
-            lprobs.masked_fill_(~is_eos, inf)
-        elif step < self.min_len:
-            lprobs.masked_fill_(is_eos, inf)
-
     def _hypothesis(self, prefix: Tensor, positional: Tensor, cumulative: float, eos_score: float,
                     step: int) -> Dict:
         length = step + 1  # tokens including EOS
-        score = cumulative / length ** self.lenpen if self.normalize_scores else cumulative
+        score = self.rules.normalize(cumulative, length)
         tokens = torch.cat([prefix[1:], prefix.new_tensor([self.eos])])
         return {
             "tokens": tokens,
