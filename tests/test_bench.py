@@ -48,6 +48,16 @@ def test_raw_source_file_decodes_like_the_binarised_split(trained, tmp_path):
     assert json.loads(result_path.read_text())["data"]["split"] is None
 
 
+def test_the_stock_generator_can_decode_without_its_cache(trained, tmp_path):
+    # What a cached decoder is compared with (ByteNet's demo row): the same outputs, every prefix recomputed.
+    result_path = tmp_path / "r.json"
+    bench(trained, "--beam", 1, "--limit", 8, "--baseline-no-cache", "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["baseline"]["generator"]["description"] == "greedy, no cache"
+    assert result["generator"]["description"] == "greedy"
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--method", "no-such-method"], "argument --method: invalid choice: 'no-such-method'"),
     (["--no-such-flag", "3"], "bench: unrecognized arguments: --no-such-flag 3"),

@@ -10,7 +10,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq_plugins.blockwise.criterion import BlockwiseLabelSmoothedCrossEntropyCriterion
 from fairseq_plugins.blockwise.generator import BlockwiseGenerator
 from fairseq_plugins.blockwise.model import (
@@ -168,7 +168,7 @@ def blockwise_trained(trained, tmp_path_factory):
     flags[flags.index("--lr") + 1] = "3e-3"
     run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--blockwise-heads", HEADS,
         "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
-        "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+        "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {**trained, "blockwise": os.path.join(save_dir, "checkpoint_best.pt")}
 
 
@@ -223,7 +223,7 @@ def test_warm_start_from_a_missing_or_mismatched_checkpoint_is_a_clear_error(tra
     flags[flags.index("--task") + 1] = "blockwise_translation"
     flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
     flags[flags.index("--arch") + 1] = "blockwise_transformer_multi30k"  # 256-d: the tiny base does not fit
-    for base, message in ((trained["checkpoint"], "not a transformer of this architecture"),
+    for base, message in ((trained["checkpoint"], "not a model this one can start from"),
                           (str(tmp_path / "none.pt"), "none.pt: no such file")):
         proc = run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--max-epoch", 1,
                    "--blockwise-base-checkpoint", base, "--save-dir", tmp_path, check=False)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq_plugins.double_token.folding import FoldedTargetDataset, fold, unfold, unfold_indices
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
 from fairseq_plugins.double_token.model import DoubleTokenTransformerModel, double_token_transformer_tiny
@@ -362,7 +362,7 @@ def train(data, save_dir, order, per_step, *extra):
     flags[flags.index("--task") + 1] = "double_token_translation"
     flags[flags.index("--arch") + 1] = "double_token_transformer_tiny"
     proc = run("fairseq_cli.train", os.path.join(data, "bin"), *flags, "--token-order", order, "--tokens-per-step",
-               per_step, "--max-epoch", 12, "--save-dir", save_dir, *extra, env={"OMP_NUM_THREADS": "2"})
+               per_step, "--max-epoch", 12, "--save-dir", save_dir, *extra, env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return os.path.join(save_dir, "checkpoint_best.pt"), proc.stdout + proc.stderr
 
 
@@ -453,3 +453,20 @@ def test_bench_compares_against_another_checkpoint_in_the_same_run(double_token_
     assert result["stats"]["sentences"] == 10 and result["stats"]["decoder_invocations"] > 0
     # Both decoded in natural order (reversed or folded outputs score about 0; the tiny models score ~13 here).
     assert result["bleu"] > 5 and result["baseline"]["bleu"] > 5
+
+
+def test_bench_compares_against_the_plain_transformer_whose_dictionaries_lack_eod(double_token_trained, trained,
+                                                                                 tmp_path):
+    """A warm-started system is measured against the transformer it changes: the baseline is loaded with its own
+    task (no EOD in its dictionaries) and must score exactly as fairseq-generate scores it."""
+    result_path = tmp_path / "dt-vs-transformer.json"
+    plugins_cli("bench", "--method", "double_token", "--path", double_token_trained["bidir"],
+                "--baseline-path", trained["checkpoint"], "--data", double_token_trained["data"],
+                "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", result_path,
+                "--token-order", "bidir", "--tokens-per-step", 2)
+    result = json.loads(result_path.read_text())
+    stock_alone = tmp_path / "transformer.json"
+    plugins_cli("bench", "--method", "baseline", "--path", trained["checkpoint"], "--data", trained["data"],
+                "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", stock_alone)
+    assert result["baseline"]["bleu"] == json.loads(stock_alone.read_text())["bleu"] > 5
+    assert result["bleu"] > 5

@@ -63,6 +63,10 @@ def add_bench_parser(subparsers):
     p.add_argument("--beam", type=int, default=5, help="beam size of the method's generator (1: greedy)")
     p.add_argument("--baseline-beam", type=int, default=None,
                    help="beam size of the stock generator (default: --beam; 1: greedy)")
+    p.add_argument("--baseline-no-cache", action="store_true",
+                   help="the stock generator decodes without incremental state (fairseq's path for a decoder "
+                        "without a cache: the whole prefix through the model at every step); the comparison for "
+                        "a method whose gain is its cache (ByteNet)")
     p.add_argument("--runs", type=int, default=3,
                    help="timed runs over all sentences; within a run the two generators alternate batch by batch, "
                         "and the speed ratio is the median of the runs' ratios (fewer than 3 is flagged)")
@@ -143,12 +147,32 @@ def _load_models(cfg, path: str, task, device: torch.device):
     models, saved_cfg = checkpoint_utils.load_model_ensemble(
         [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task,
     )
+    return _ready_for_inference(models, cfg, device), saved_cfg
+
+
+def _ready_for_inference(models, cfg, device: torch.device):
     for model in models:
         if cfg.common.fp16:
             model.half()
         model.to(device).eval()
         model.prepare_for_inference_(cfg)
-    return models, saved_cfg
+    return models
+
+
+def _load_baseline(cfg, path: str, task, device: torch.device):
+    """The --baseline-path model with the task it was trained with (on this data): a method whose task changes
+    the dictionaries (double-token adds EOD) can be compared with the plain transformer it started from, as
+    long as its dictionaries only append symbols to the baseline's (the shared ids then mean the same)."""
+    from fairseq import checkpoint_utils
+
+    overrides = {**ast.literal_eval(cfg.common_eval.model_overrides), "data": cfg.task.data}
+    models, _saved_cfg, stock_task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    for ours, theirs, side in ((task.source_dictionary, stock_task.source_dictionary, "source"),
+                               (task.target_dictionary, stock_task.target_dictionary, "target")):
+        if ours.symbols[:len(theirs)] != theirs.symbols:
+            raise InputError(f"--baseline-path {path}: its {side} dictionary is not the one of --path's task "
+                             "(a model trained on other data?)")
+    return stock_task, _ready_for_inference(models, cfg, device)
 
 
 def _load(cfg, args, data: PreparedData, device: torch.device):
@@ -206,6 +230,8 @@ def _decoder(generate):
 
 def _generator_description(generator, beam: int, cfg, task_flags: Dict) -> Dict:
     description = "greedy" if beam == 1 else f"beam {beam}"
+    if not getattr(getattr(generator, "model", None), "has_incremental", True):
+        description += ", no cache"
     return {
         "class": f"{type(generator).__module__}.{type(generator).__name__}",
         "description": description,
@@ -289,8 +315,12 @@ def _build_generators(args, cfg, task, models, device: torch.device) -> Generato
     method_generator = task.build_generator(models, cfg.generation)
     stock_cfg = copy.deepcopy(cfg.generation)
     stock_cfg.beam = args.baseline_beam or args.beam
-    stock_models = _load_models(cfg, args.baseline_path, task, device)[0] if args.baseline_path else models
-    stock_generator = FairseqTask.build_generator(task, stock_models, stock_cfg)
+    stock_task, stock_models = task, models
+    if args.baseline_path:
+        stock_task, stock_models = _load_baseline(cfg, args.baseline_path, task, device)
+    stock_generator = FairseqTask.build_generator(stock_task, stock_models, stock_cfg)
+    if args.baseline_no_cache:
+        stock_generator.model.has_incremental = False  # SequenceGenerator then feeds the whole prefix each step
     return Generators(
         method=method_generator,
         stock=stock_generator,

@@ -12,7 +12,6 @@ The decoder also runs a *block* of several new tokens against its cache in one c
 k in a single invocation.
 """
 
-import logging
 from typing import Optional, Sequence
 
 import torch
@@ -26,8 +25,7 @@ from fairseq.models.transformer import TransformerDecoder, TransformerModel, bas
 from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
 from ..common.incremental import IncrementalState
-
-logger = logging.getLogger(__name__)
+from ..common.warm_start import warm_start
 
 
 class ProposalHeads(nn.Module):
@@ -202,32 +200,8 @@ class BlockwiseTransformerModel(TransformerModel):
 
     def load_base_checkpoint(self, path: str) -> None:
         """Warm start: copy every parameter of a trained fairseq transformer; the heads keep their init."""
-        from fairseq import checkpoint_utils
-
-        from ..common.textio import InputError
-
-        try:
-            state = checkpoint_utils.load_checkpoint_to_cpu(path)
-        except FileNotFoundError:
-            raise InputError(f"--blockwise-base-checkpoint {path}: no such file")
-        base = state["model"]
-        own = self.state_dict()
-        unexpected = sorted(k for k in base if k not in own)
-        mismatched = sorted(k for k in base if k in own and base[k].shape != own[k].shape)
-        if unexpected or mismatched:
-            raise InputError(
-                f"--blockwise-base-checkpoint {path}: not a transformer of this architecture "
-                f"(unexpected parameters {unexpected[:3]}, shape mismatches {mismatched[:3]}); "
-                "pass the same --arch sizes the base was trained with")
-        missing = [k for k in own if k not in base and not k.startswith("decoder.proposal_heads.")]
-        missing = [k for k in missing if not k.endswith("_float_tensor")]  # sinusoidal position buffers
-        if missing:
-            raise InputError(f"--blockwise-base-checkpoint {path}: lacks parameters {missing[:3]}")
-        for key in own:
-            if key in base:
-                own[key] = base[key]
-        self.load_state_dict(own, strict=True)
-        logger.info("warm start from %s (%d base tensors; proposal heads initialised)", path, len(base))
+        warm_start(self, path, "--blockwise-base-checkpoint",
+                   required=lambda key: not key.startswith("decoder.proposal_heads."))
 
 
 def blockwise_defaults(args, num_heads: int = 10):

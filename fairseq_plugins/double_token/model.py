@@ -11,15 +11,18 @@ task copies them into the model's arguments, so a checkpoint knows how it was tr
 """
 
 import logging
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
+from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
+from ..common.warm_start import warm_start
 from .folding import check_token_order
 
 logger = logging.getLogger(__name__)
@@ -75,6 +78,36 @@ class DoubleTokenTransformerModel(TransformerModel):
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return DoubleTokenTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
+
+    def load_base_checkpoint(self, path: str, eos: int) -> None:
+        """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline).
+
+        Every tensor is copied as it is, but for two things double-token adds: the EOD symbol, the last row of
+        each embedding and output matrix (it starts as EOS's row with two tokens a step, where EOD is the end
+        marker in place of EOS; as zeros with one, where it is never a target), and the decoder's learned
+        positions, which start as the base's sinusoidal table (or its learned positions, copied as they are).
+        So with one token a step (l2r-1) the warm-started model decodes as the base does.
+        """
+        two_a_step = self.decoder.tokens_per_step == 2
+
+        def add_eod_row(key: str, base: Tensor, own: Tensor) -> Optional[Tensor]:
+            if own.dim() != 2 or own.shape[0] != base.shape[0] + 1 or own.shape[1:] != base.shape[1:]:
+                return None
+            eod_row = base[eos] if two_a_step else torch.zeros_like(base[eos])
+            return torch.cat([base, eod_row.unsqueeze(0)])
+
+        positions = self.decoder.embed_positions
+        learned_positions = "decoder.embed_positions.weight"
+        copied = warm_start(
+            self, path, "--double-token-base-checkpoint",
+            required=lambda key: key != learned_positions, take=lambda key: not key.endswith("_float_tensor"),
+            adapt=add_eod_row)
+        if learned_positions not in copied:  # a sinusoidal base: its table, indexed as fairseq indexes both
+            table = SinusoidalPositionalEmbedding.get_embedding(
+                positions.num_embeddings, positions.embedding_dim, positions.padding_idx)
+            with torch.no_grad():
+                positions.weight.copy_(table)
+            logger.info("decoder positions start from the base's sinusoidal table")
 
 
 def _learned_target_positions(args):

@@ -13,6 +13,7 @@ that decodes in the same order and returns natural-order hypotheses:
 
 import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
@@ -47,6 +48,12 @@ class DoubleTokenTranslationConfig(TranslationConfig):
         default=0, metadata={"help": "DoubleTopK: best (first, second) pairs kept after pairing each first-slot "
                                      "candidate with second-slot tokens (0: 3 x --beam); at least --beam"},
     )
+    double_token_base_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "training: warm-start from this trained fairseq transformer checkpoint "
+                                        "of the same sizes and data (e.g. the baseline's): every tensor copied, "
+                                        "EOD's rows and the decoder's learned positions (from the base's "
+                                        "sinusoidal table) added"},
+    )
 
 
 @register_task("double_token_translation", dataclass=DoubleTokenTranslationConfig)
@@ -75,7 +82,12 @@ class DoubleTokenTranslationTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         if not from_checkpoint:  # a checkpoint keeps the order it was trained in (checked by build_generator)
             cfg.token_order, cfg.tokens_per_step = self.token_order, self.cfg.tokens_per_step
-        return super().build_model(cfg, from_checkpoint)
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.double_token_base_checkpoint and not from_checkpoint:
+            if not isinstance(model, DoubleTokenTransformerModel):
+                raise ValueError("--double-token-base-checkpoint needs --arch double_token_transformer*")
+            model.load_base_checkpoint(self.cfg.double_token_base_checkpoint, self.tgt_dict.eos())
+        return model
 
     # --- training: the stock criterions see the folded target ---------------------------------------------
 

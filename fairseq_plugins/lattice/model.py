@@ -27,6 +27,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 
 from ..baseline.model import _default, baseline_transformer_multi30k, baseline_transformer_tiny
+from ..common.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,13 @@ class LatticeTransformerModel(TransformerModel):
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
+
+    def load_base_checkpoint(self, path: str) -> None:
+        """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline): its
+        encoder, target embeddings and output matrix; the scorer's layers and positions keep their init."""
+        shared = ("encoder.", "decoder.embed_tokens.", "decoder.output_projection.")
+        warm_start(self, path, "--lattice-base-checkpoint", required=lambda key: key.startswith("encoder."),
+                   take=lambda key: key.startswith(shared) and not key.endswith("_float_tensor"))
 
 
 def _lattice_defaults(args):

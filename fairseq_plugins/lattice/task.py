@@ -7,6 +7,7 @@ needs ``--lattice-table``, the file ``fairseq-plugins lattice-table`` built from
 
 import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
@@ -35,6 +36,11 @@ class LatticeTranslationConfig(TranslationConfig):
         metadata={"help": "softmax of each edge score over: lattice (the next position's K candidates and EOS; "
                           "K dot products a row) or vocab (the whole vocabulary, as in training; V a row)"},
     )
+    lattice_base_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
+                                        "matrix) from this trained fairseq transformer of the same sizes and data "
+                                        "(e.g. the baseline's); the scorer keeps its initialisation"},
+    )
 
 
 @register_task("lattice_translation", dataclass=LatticeTranslationConfig)
@@ -44,6 +50,14 @@ class LatticeTranslationTask(TranslationTask):
     def __init__(self, cfg: LatticeTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self._table = None
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.lattice_base_checkpoint and not from_checkpoint:
+            if not isinstance(model, LatticeTransformerModel):
+                raise ValueError("--lattice-base-checkpoint needs --arch lattice_transformer*")
+            model.load_base_checkpoint(self.cfg.lattice_base_checkpoint)
+        return model
 
     def candidate_table(self) -> CandidateTable:
         if self._table is None:

@@ -1,0 +1,58 @@
+"""Warm starts: copy a trained fairseq model's tensors into a method's model of the same sizes (registers nothing).
+
+Each method says which of the base's tensors it takes (``take``; by name), which of its own must come from the
+base (``required``), and how to fit a base tensor of another shape (``adapt``, e.g. an embedding matrix one row
+short because the method adds a symbol). Anything else that does not fit is an error naming the flag, checked
+before training starts.
+"""
+
+import logging
+from typing import Callable, Optional, Set
+
+from torch import Tensor
+
+from .textio import InputError
+
+logger = logging.getLogger(__name__)
+
+
+def warm_start(model, path: str, flag: str, required: Callable[[str], bool],
+               take: Callable[[str], bool] = lambda key: True,
+               adapt: Optional[Callable[[str, Tensor, Tensor], Optional[Tensor]]] = None) -> Set[str]:
+    """Load the tensors of checkpoint ``path`` into ``model`` by name; returns the names of those copied.
+
+    ``take(key)``: the base's tensor ``key`` is copied (it must then exist in ``model``); the others are left.
+    ``required(key)``: ``model``'s tensor ``key`` must be in the base. ``adapt(key, base, own)``: the tensor to
+    load where shapes differ, or None if it cannot fit.
+    """
+    from fairseq import checkpoint_utils
+
+    try:
+        base = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+    except FileNotFoundError:
+        raise InputError(f"{flag} {path}: no such file")
+    base = {key: tensor for key, tensor in base.items() if take(key)}
+    own = model.state_dict()
+    unexpected = sorted(key for key in base if key not in own)
+    missing = sorted(key for key in own if key not in base and required(key) and not key.endswith("_float_tensor"))
+    mismatched, fitted = [], {}
+    for key, tensor in base.items():
+        if key not in own:
+            continue  # listed in unexpected
+        if tensor.shape == own[key].shape:
+            fitted[key] = tensor
+            continue
+        adapted = adapt(key, tensor, own[key]) if adapt is not None else None
+        if adapted is None or adapted.shape != own[key].shape:
+            mismatched.append(f"{key} {tuple(tensor.shape)} vs {tuple(own[key].shape)}")
+        else:
+            fitted[key] = adapted
+    if unexpected or mismatched or missing:
+        raise InputError(
+            f"{flag} {path}: not a model this one can start from (parameters it has and this model lacks "
+            f"{unexpected[:3]}, shape mismatches {mismatched[:3]}, parameters it lacks {missing[:3]}); pass the "
+            "--arch sizes the base was trained with and the same data (dictionaries)")
+    own.update(fitted)
+    model.load_state_dict(own, strict=True)
+    logger.info("warm start from %s: %d of %d tensors copied", path, len(fitted), len(own))
+    return set(fitted)
