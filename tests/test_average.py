@@ -1,0 +1,72 @@
+"""fairseq-plugins average-checkpoints: the mean of real fairseq checkpoints, loadable as one."""
+
+import os
+
+import pytest
+import torch
+
+from conftest import plugins_cli
+
+
+def _shifted_copy(source: str, target: str, shift: float) -> None:
+    """``source`` with every floating parameter plus ``shift`` (the rest of the checkpoint as it is)."""
+    state = torch.load(source, map_location="cpu", weights_only=False)
+    state["model"] = {k: v + shift if v.is_floating_point() else v for k, v in state["model"].items()}
+    torch.save(state, target)
+
+
+@pytest.fixture(scope="module")
+def epoch_checkpoints(trained, tmp_path_factory):
+    """checkpoint1..3.pt: the trained tiny model shifted by 0, 0.3 and 0.6."""
+    directory = tmp_path_factory.mktemp("epochs")
+    for epoch, shift in ((1, 0.0), (2, 0.3), (3, 0.6)):
+        _shifted_copy(trained["checkpoint"], str(directory / f"checkpoint{epoch}.pt"), shift)
+    return directory
+
+
+def test_the_average_of_the_last_epochs_is_their_mean_and_loads_as_a_checkpoint(trained, epoch_checkpoints, tmp_path):
+    from fairseq import checkpoint_utils
+
+    out = str(tmp_path / "averaged.pt")
+    plugins_cli("average-checkpoints", "--inputs", epoch_checkpoints, "--num-epoch-checkpoints", "2", "--output", out)
+    base = torch.load(trained["checkpoint"], map_location="cpu", weights_only=False)["model"]
+    averaged = torch.load(out, map_location="cpu", weights_only=False)
+    assert averaged["extra_state"]["averaged_checkpoints"] == ["checkpoint2.pt", "checkpoint3.pt"]
+    assert averaged["last_optimizer_state"] is None
+    for key, tensor in base.items():
+        expected = tensor + 0.45 if tensor.is_floating_point() else tensor  # mean of +0.3 and +0.6
+        assert averaged["model"][key].dtype == tensor.dtype
+        torch.testing.assert_close(averaged["model"][key], expected, rtol=0, atol=1e-6)
+    # fairseq loads it as any checkpoint, with the training's task and sizes
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [out], arg_overrides={"data": os.path.join(trained["data"], "bin")})
+    state = models[0].state_dict()
+    torch.testing.assert_close(state["encoder.layers.0.fc1.weight"], base["encoder.layers.0.fc1.weight"] + 0.45,
+                               rtol=0, atol=1e-6)
+
+
+def test_listed_files_are_averaged_as_given(trained, epoch_checkpoints, tmp_path):
+    out = str(tmp_path / "averaged.pt")
+    plugins_cli("average-checkpoints", "--inputs", epoch_checkpoints / "checkpoint1.pt",
+                epoch_checkpoints / "checkpoint3.pt", "--output", out)
+    base = torch.load(trained["checkpoint"], map_location="cpu", weights_only=False)["model"]
+    averaged = torch.load(out, map_location="cpu", weights_only=False)["model"]
+    key = "decoder.layers.0.fc2.bias"
+    torch.testing.assert_close(averaged[key], base[key] + 0.3, rtol=0, atol=1e-6)
+
+
+def test_too_few_checkpoints_or_different_models_are_clear_errors(trained, epoch_checkpoints, tmp_path):
+    out = tmp_path / "averaged.pt"
+    result = plugins_cli("average-checkpoints", "--inputs", epoch_checkpoints, "--num-epoch-checkpoints", "5",
+                         "--output", out, check=False)
+    assert result.returncode == 2
+    assert "3 epoch (checkpointN.pt) checkpoint(s), 5 asked for" in result.stderr
+    other = tmp_path / "other.pt"
+    state = torch.load(trained["checkpoint"], map_location="cpu", weights_only=False)
+    state["model"]["decoder.output_projection.weight"] = torch.zeros(3, 3)
+    torch.save(state, other)
+    result = plugins_cli("average-checkpoints", "--inputs", epoch_checkpoints / "checkpoint1.pt", other,
+                         "--output", out, check=False)
+    assert result.returncode == 2
+    assert "decoder.output_projection.weight is (3, 3)" in result.stderr
+    assert not out.exists() and not os.path.exists(f"{out}.tmp")
