@@ -23,6 +23,8 @@ TRAIN_FLAGS = [
     "--log-format", "simple", "--no-progress-bar", "--no-epoch-checkpoints",
 ]
 TRAIN_EPOCHS = 12
+# Threads of the tiny trainings: both cores on a free machine (CI); OMP_NUM_THREADS=1 where another job holds one.
+TRAIN_THREADS = os.environ.get("OMP_NUM_THREADS", "2")
 
 
 def run(module, *args, check=True, env=None, cwd=None, stdin=None, timeout=900):
@@ -90,5 +92,6 @@ def trained(prepared, tmp_path_factory):
     """A tiny baseline transformer trained through fairseq-train --user-dir; returns its paths."""
     save_dir = str(tmp_path_factory.mktemp("checkpoints"))
     run("fairseq_cli.train", os.path.join(prepared, "bin"), *TRAIN_FLAGS,
-        "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+        "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir,
+        env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {"data": prepared, "save_dir": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}

@@ -10,7 +10,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from conftest import USER_DIR, DictionaryTask, plugins_cli, run
+from conftest import TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, run
 from fairseq_plugins.bytenet import model as bytenet_model
 from fairseq_plugins.bytenet.layers import DilatedConv1d
 
@@ -214,7 +214,7 @@ def copy_model(tmp_path_factory):
         "--warmup-updates", "50", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "3000", "--max-epoch", "6", "--seed", "1", "--num-workers", "0", "--cpu",
         "--log-format", "simple", "--no-progress-bar", "--no-epoch-checkpoints", "--save-dir", save_dir,
-        env={"OMP_NUM_THREADS": "2"})
+        env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {"data": data, "bin": os.path.join(data, "bin"), "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
 
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
 from fairseq_plugins.common.align import align_corpus, find_binary, read_pharaoh
 from fairseq_plugins.common.textio import InputError
@@ -506,7 +506,7 @@ def lattice_trained(prepared, trained, tmp_path_factory):
     flags[flags.index("--arch") + 1] = "lattice_transformer_tiny"
     save_dir = str(work / "checkpoints")
     run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--max-epoch", 12, "--save-dir", save_dir,
-        env={"OMP_NUM_THREADS": "2"})
+        env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {"data": prepared, "work": work, "table": str(work / "table.pt"),
             "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"), "baseline": trained["checkpoint"]}
 

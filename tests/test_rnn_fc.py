@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import TRAIN_FLAGS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
 from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
@@ -302,7 +302,7 @@ def rnn_fc_trained(prepared, trained, tmp_path_factory):
     flags[flags.index("--arch") + 1] = "rnn_fc_tiny"
     save_dir = str(work / "checkpoints")
     run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--clip-norm", 1.0, "--max-epoch", 12,
-        "--save-dir", save_dir, env={"OMP_NUM_THREADS": "2"})
+        "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
     tok = os.path.join(prepared, "tok")
     plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
                 "--output", work / "train.align", "--lexical-table", work / "lex.txt")

@@ -52,22 +52,51 @@ def bits_per_character(log_path: str) -> float:
     return float(match.group(1))
 
 
+CACHED_SPEEDUP_DEFINITION = (
+    "recompute time / cached time on the same sentences, from the bench result's speed ratio (stock time / "
+    "method time, the median of the paired runs' ratios): its inverse where the stock generator is the cached "
+    "side (--bytenet-decoding recompute on the method side), itself where the stock generator runs without its "
+    "cache (--baseline-no-cache); min-max over runs"
+)
+
+
+def _cached_side(result: dict):
+    """(cached figures, recomputed figures or None, whether the speed ratio must be inverted) of a length bench."""
+    method_recomputes = result["generator"].get("task_flags", {}).get("bytenet_decoding", "cached") == "recompute"
+    stock_recomputes = "no cache" in result["baseline"]["generator"]["description"]
+    if method_recomputes and not stock_recomputes:
+        return result["baseline"], result, True
+    if stock_recomputes and not method_recomputes:
+        return result, result["baseline"], False
+    return result["baseline"], None, False  # cached against cached: no speedup to state
+
+
 def length_scaling(bench_json: str) -> dict:
     if not os.path.isfile(bench_json):
         return {}
     rows = {}
     for result in report.load_results(bench_json):
         length = result["generator"]["min_len"]
-        decoding = result["generator"].get("task_flags", {}).get("bytenet_decoding", "cached")
+        cached, recomputed, invert = _cached_side(result)
         rows[length] = {
             "output_characters": length,
-            "cached_seconds_per_sentence": 1 / result["baseline"]["sentences_per_s"],
-            "cached_ms_per_character": 1000 / result["baseline"]["sentences_per_s"] / length,
+            "cached_seconds_per_sentence": 1 / cached["sentences_per_s"],
+            "cached_ms_per_character": 1000 / cached["sentences_per_s"] / length,
         }
-        if decoding == "recompute":
-            rows[length]["recompute_seconds_per_sentence"] = 1 / result["sentences_per_s"]
-            rows[length]["cached_speedup"] = result["baseline"]["sentences_per_s"] / result["sentences_per_s"]
-    summary = {"by_length": [rows[k] for k in sorted(rows)], "device": result["device"], "threads": result["threads"]}
+        if recomputed is not None:
+            ratio, low, high = result["speed_ratio"], result["speed_ratio_min"], result["speed_ratio_max"]
+            rows[length].update({
+                "recompute_seconds_per_sentence": 1 / recomputed["sentences_per_s"],
+                "cached_speedup": 1 / ratio if invert else ratio,
+                "cached_speedup_min": 1 / high if invert else low,
+                "cached_speedup_max": 1 / low if invert else high,
+                "speed_ratio": ratio,
+                "speed_ratio_spread": result["speed_ratio_spread"],
+                "flags": report.flag_reasons(result),  # why the ratio should not be taken at face value
+                "runs": len(result["speed_ratio_runs"]),
+            })
+    summary = {"by_length": [rows[k] for k in sorted(rows)], "device": result["device"], "threads": result["threads"],
+               "cached_speedup_definition": CACHED_SPEEDUP_DEFINITION}
     if 200 in rows and 800 in rows:
         summary["time_800_over_200"] = rows[800]["cached_seconds_per_sentence"] / rows[200]["cached_seconds_per_sentence"]
     return summary

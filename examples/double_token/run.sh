@@ -3,9 +3,13 @@
 # Fig. 3 and Table 3 on our data.
 #
 #   train    : the five systems, same architecture (double_token_transformer_multi30k: the baseline's sizes,
-#              learned decoder positions) and same budget (EPOCHS epochs, same seed and schedule), on the
-#              baseline's prepared data. A system is ORDER-TOKENS_PER_STEP:
+#              learned decoder positions), each warm-started from the baseline's checkpoint
+#              (--double-token-base-checkpoint) and fine-tuned to a plateau of validation loss (--patience 3,
+#              at most EPOCHS epochs), same seed and schedule, on the baseline's prepared data; resumes from
+#              checkpoint_last.pt. A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
+#   average  : the mean of each system's last 5 epoch checkpoints (the paper's averaging), checkpoint_avg5.pt:
+#              what every later stage decodes
 #   evaluate : fairseq-generate --beam BEAM on the whole test set, detokenised, sacreBLEU (Table 2's BLEU)
 #   bench    : fairseq-plugins bench of each other system against l2r-1 decoded in the same run
 #              (--baseline-path): tokens/s and its ratio (Table 2's speed), one thread, one sentence at a
@@ -16,18 +20,21 @@
 #
 # Usage: examples/double_token/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
-#   env: STAGES ("train evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (3), WARMUP (250),
-#        THREADS (training threads per system, 2), BEAM (10), BEAMS ("1 2 5 10 20"),
+#   env: STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (40: a cap;
+#        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
+#        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (2), RESULTS (docs/results),
 #        GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/double_token}
-STAGES=${STAGES:-train evaluate bench beams ngram summary}
+STAGES=${STAGES:-train average evaluate bench beams ngram summary}
 SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
-EPOCHS=${EPOCHS:-3}
-WARMUP=${WARMUP:-250}
+EPOCHS=${EPOCHS:-40}
+LR=${LR:-5e-4}
+WARMUP=${WARMUP:-500}
+AVERAGE=5
 BEAM=${BEAM:-10}
 GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
 RESULTS=${RESULTS:-docs/results}
@@ -42,19 +49,28 @@ system_flags() {  # the task flags of system ORDER-N
     *) echo "unknown system $1 (l2r-1 r2l-1 l2r-2 r2l-2 bidir-2)" >&2; exit 2 ;;
   esac
 }
-checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg$AVERAGE.pt"; }
 
 if stage train; then
   for system in $SYSTEMS; do
+    mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046  # word splitting of the system's flags is intended
-    OMP_NUM_THREADS=${THREADS:-2} record fairseq-train "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") \
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") \
       --source-lang en --target-lang de --arch double_token_transformer_multi30k \
+      --double-token-base-checkpoint "$BASE/checkpoints/checkpoint_best.pt" \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-      --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+      --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --max-tokens 4096 --max-epoch "$EPOCHS" --seed 1 \
-      --save-dir "$WORK/$system/checkpoints" --no-epoch-checkpoints \
-      --log-format simple --log-interval 50
+      --max-tokens 4096 --max-epoch "$EPOCHS" --patience 3 --seed 1 \
+      --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
+      --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/$system/train.log"
+  done
+fi
+
+if stage average; then
+  for system in $SYSTEMS; do
+    record fairseq-plugins average-checkpoints --inputs "$WORK/$system/checkpoints" \
+      --num-epoch-checkpoints "$AVERAGE" --output "$(checkpoint "$system")"
   done
 fi
 
