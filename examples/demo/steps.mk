@@ -4,7 +4,8 @@
 # a method adds its steps here and its rows as bench/NN-name.json (the table lists them in name order).
 W := $(WORK)
 B := $(W)/bench
-DATA := $(W)/data/prepare.json
+# Not named DATA: `make demo DATA=...` passes DATA down to this make, where it would override the file.
+PREPARED := $(W)/data/prepare.json
 BASELINE := $(W)/baseline/checkpoint_best.pt
 ALIGNED := $(W)/align/lexical-table.txt
 STEP = @bash examples/$(1)/demo.sh $(2)
@@ -16,9 +17,9 @@ all: $(B)/2-blockwise.json $(B)/1-baseline.json $(B)/7-bytenet.json $(B)/3-doubl
 .DELETE_ON_ERROR:
 
 # ---- the demo baseline: fairseq's transformer, small
-$(DATA):
+$(PREPARED):
 	$(call STEP,baseline,prepare)
-$(BASELINE): $(DATA)
+$(BASELINE): $(PREPARED)
 	$(call STEP,baseline,train)
 $(W)/baseline/generate.out: $(BASELINE)
 	$(call STEP,baseline,generate)
@@ -26,7 +27,7 @@ $(B)/1-baseline.json: $(BASELINE)
 	$(call STEP,baseline,bench)
 
 # ---- one alignment of the training text, for the lattice tables and rnn_fc's candidate lists
-$(ALIGNED): $(DATA)
+$(ALIGNED): $(PREPARED)
 	@bash examples/demo/align.sh
 
 # ---- blockwise: proposal heads on the frozen demo baseline
