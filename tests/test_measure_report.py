@@ -1,6 +1,7 @@
 """The harness's arithmetic and file handling, without a model."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -169,6 +170,24 @@ def test_tables_show_each_ratio_with_its_spread_and_flag_the_untrustworthy():
     assert report.flag_reasons(two_runs) == ["2 timed run(s), fewer than 3"]
     assert report.flag_reasons({**result("busy", [2.0] * 3), "timing": {"oversubscribed": True}}) == [
         "threads + load average exceeded the cores during the run"]
+    sampled = {"oversubscribed": True, "runnable_threads_median": 3, "cores": 2}
+    assert report.flag_reasons({**result("busy", [2.0] * 3), "timing": sampled}) == [
+        "a median of 3 threads wanted the 2 cores while batches were timed"]
+
+
+def test_runnable_threads_are_sampled_once_per_batch_and_judged_by_their_median(monkeypatch):
+    from fairseq_plugins.bench import measure
+
+    if os.path.exists("/proc/loadavg"):
+        assert measure.runnable_threads() >= 1  # this process is running while it reads
+    counts = iter([1, 2, 5, 2, 3])  # one busy moment (5) does not flag a run that mostly fit on 2 cores
+    monkeypatch.setattr(measure, "runnable_threads", lambda: next(counts))
+    sampler = measure.RunnableSampler()
+    assert list(sampler.each(range(5))) == [0, 1, 2, 3, 4]
+    assert sampler.figures(cores=2) == {"runnable_threads_median": 2, "runnable_threads_max": 5,
+                                        "oversubscribed": False}
+    assert sampler.figures(cores=1)["oversubscribed"] is True
+    assert measure.RunnableSampler().figures(cores=2)["oversubscribed"] is None  # nothing sampled: nothing said
 
 
 def test_results_file_round_trip_and_errors(tmp_path):

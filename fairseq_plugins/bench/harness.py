@@ -24,8 +24,8 @@ from .. import user_dir
 from ..common.prepared import PreparedData
 from ..common.textio import InputError, atomic_output, read_lines, read_parallel, write_lines
 from . import report
-from .measure import (Decoder, Measurement, PeakMemory, alternating_runs, load_average, oversubscribed, percentile,
-                      speed_ratio_figures, usable_cores)
+from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
+                      percentile, speed_ratio_figures, usable_cores)
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +361,8 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
         generators.method.reset_generation_stats()
 
     memory = PeakMemory(device)
-    bar = lambda items, run: tqdm(items, desc=f"run {run + 1}/{args.runs}", leave=False)  # noqa: E731
+    beside = RunnableSampler()  # what else wanted a core while each batch was timed
+    bar = lambda items, run: beside.each(tqdm(items, desc=f"run {run + 1}/{args.runs}", leave=False))  # noqa: E731
     measurements = alternating_runs(decoders, batches, device, args.runs, memory, progress=bar)
     for run in range(args.runs):
         logger.info("run %d: method %.2f s, stock %.2f s", run + 1, measurements["method"].run_seconds[run],
@@ -388,6 +389,10 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
         "load_average_after": load_average(),
         "oversubscribed": device.type == "cpu" and oversubscribed(threads, load_before, cores),
     }
+    if device.type == "cpu":
+        sampled = beside.figures(cores)
+        if sampled["oversubscribed"] is not None:  # sampled during the runs: better than the lagging load average
+            timing.update(sampled)
     return Timings(measurements, latencies, timing)
 
 

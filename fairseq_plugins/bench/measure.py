@@ -166,6 +166,38 @@ def load_average() -> Optional[float]:
         return None
 
 
+def runnable_threads() -> Optional[int]:
+    """Threads runnable on this machine right now, this one included (Linux: /proc/loadavg's R of R/T)."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class RunnableSampler:
+    """Samples ``runnable_threads`` once per timed batch. The 1-minute load average lags by a minute and counts
+    this process's own start-up, so it flags two one-thread jobs on two cores; what ran beside each batch
+    does not."""
+
+    def __init__(self):
+        self.samples: List[int] = []
+
+    def each(self, items: Iterable) -> Iterable:
+        for item in items:
+            count = runnable_threads()
+            if count is not None:
+                self.samples.append(count)
+            yield item
+
+    def figures(self, cores: int) -> Dict:
+        if not self.samples:
+            return {"runnable_threads_median": None, "runnable_threads_max": None, "oversubscribed": None}
+        median = statistics.median(self.samples)
+        return {"runnable_threads_median": median, "runnable_threads_max": max(self.samples),
+                "oversubscribed": median > cores}
+
+
 def oversubscribed(threads: int, load: Optional[float], cores: int) -> bool:
     """True when this run's threads plus what else was running exceed the cores: the worst noise measured
     here (a 2-thread greedy decode took 121 s against 2.8 s with 1 thread while the other core was busy)."""

@@ -61,7 +61,11 @@ def flag_reasons(result: Dict) -> List[str]:
                        f"{100 * SPREAD_FLAG:.0f}%)")
     timing = result.get("timing") or {}
     if timing.get("oversubscribed"):
-        reasons.append("threads + load average exceeded the cores during the run")
+        if timing.get("runnable_threads_median") is not None:
+            reasons.append(f"a median of {timing['runnable_threads_median']:g} threads wanted the "
+                           f"{timing.get('cores')} cores while batches were timed")
+        else:
+            reasons.append("threads + load average exceeded the cores during the run")
     if timing.get("alternation") == "per pass":
         reasons.append("runs alternated pass by pass, not batch by batch (measured before the current bench)")
     return reasons
