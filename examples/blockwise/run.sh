@@ -107,7 +107,7 @@ if stage bench; then
     done
   fi
   # The fastest k >= 2 of that sweep (k = 1 is greedy decoding), unless BEST_K is given.
-  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max((r for r in L(sys.argv[1]) if r["stats"]["block_size"] > 1), key=lambda r: r["ratios"]["sentences_per_s"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
+  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max((r for r in L(sys.argv[1]) if r["stats"]["block_size"] > 1), key=lambda r: r["speed_ratio"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
   # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
   rm -f "${RESULTS}.json"
   for batch in 1 32; do

@@ -3,6 +3,11 @@
 Reads WORK/<system>/bleu.beamB.json (sacreBLEU on the whole test set, stage evaluate), the bench results of
 stage bench (each system against single-token L2R decoded in the same run) and of stage beams, and
 WORK/commands.txt. Writes OUT.json, OUT.md and, with --beams, OUT_beams.png.
+
+The speed figure is the bench result's speed ratio: single-token L2R time / the system's time on the same
+sentences, the median of the runs' ratios, with their min-max; a spread over 10% of the median (and every other
+reason `fairseq-plugins report` flags) is marked. Tokens/s (the paper's measure, which rewards longer outputs)
+is a secondary column.
 """
 
 import argparse
@@ -10,7 +15,42 @@ import json
 import os
 
 from fairseq_plugins.bench import report
+from fairseq_plugins.bench.measure import SPREAD_FLAG
 from fairseq_plugins.common.textio import atomic_output
+
+
+SPEED_KEYS = ("speed_ratio", "speed_ratio_min", "speed_ratio_max", "speed_ratio_spread", "speed_ratio_runs",
+              "speed_ratio_flags")
+
+
+def speed(r):
+    """The speed ratio (stock time / method time, same sentences) with every run's ratio, their min-max and
+    spread, and why it should not be taken at face value (`report.flag_reasons`); unrounded, as bench wrote them."""
+    return {key: r[key] for key in SPEED_KEYS[:-1]} | {"speed_ratio_flags": report.flag_reasons(r)}
+
+
+def speed_cell(figures):
+    """``1.45x (1.40-1.49)``; a spread over 10% of the median is written out, and ``!`` marks any flag."""
+    text = f"{figures['speed_ratio']:.2f}x ({figures['speed_ratio_min']:.2f}-{figures['speed_ratio_max']:.2f})"
+    if figures["speed_ratio_spread"] > SPREAD_FLAG:
+        text += f", spread {100 * figures['speed_ratio_spread']:.0f}%"
+    return text + (" !" if figures["speed_ratio_flags"] else "")
+
+
+def flag_notes(labelled):
+    """Markdown lines under a table: the definition, the flags every row shares once, then each row's own."""
+    if not labelled:
+        return []
+    shared = [flag for flag in labelled[0][1]["speed_ratio_flags"]
+              if all(flag in figures["speed_ratio_flags"] for _, figures in labelled)]
+    lines = ["", f"Speed ratio: {report.SPEED_RATIO_HEADER}."]
+    if shared:
+        lines.append(f"! every row: {'; '.join(shared)}.")
+    for label, figures in labelled:
+        own = [f for f in figures["speed_ratio_flags"] if f not in shared]
+        if own:
+            lines.append(f"! {label}: {'; '.join(own)}.")
+    return lines
 
 
 def main():
@@ -24,18 +64,19 @@ def main():
     p.add_argument("--out", required=True, help="output path without extension")
     args = p.parse_args()
 
-    speed = {r["label"]: r for r in report.load_results(args.bench)}
+    benches = {r["label"]: r for r in report.load_results(args.bench)}
     rows = []
     for system in args.systems:
         with open(os.path.join(args.work, system, f"bleu.beam{args.beam}.json"), encoding="utf-8") as f:
             bleu = json.load(f)
         row = {"system": system, "bleu": bleu["score"], "bleu_signature": bleu.get("signature")}
-        if system in speed:
-            r = speed[system]
+        if system in benches:
+            r = benches[system]
+            row.update({f"{key}_vs_l2r_1": value for key, value in speed(r).items()})
             row.update({
                 "tokens_per_s": round(r["tokens_per_s"], 1),
                 "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1),
-                "speed_ratio_vs_l2r_1": round(r["speed_ratio"], 3),  # tokens/s
+                "tokens_per_s_ratio_vs_l2r_1": round(r["ratios"]["tokens_per_s"], 3),  # secondary
                 "sentences_per_s_ratio_vs_l2r_1": round(r["ratios"]["sentences_per_s"], 3),
                 # Counted by the double-token generator only (fairseq's makes one call per output position).
                 "decoder_invocations_per_sentence": (round(r["stats"]["decoder_invocations"] / r["stats"]["sentences"], 2)
@@ -47,7 +88,7 @@ def main():
     for row in rows:
         row["bleu_delta_vs_l2r_1"] = round(row["bleu"] - l2r, 2) if l2r is not None else None
 
-    any_bench = next(iter(speed.values()))
+    any_bench = next(iter(benches.values()))
     result = {
         "table": "Imamura & Sumita 2020, Table 2, on Multi30k en->de test_2016_flickr",
         "beam": args.beam,
@@ -55,6 +96,7 @@ def main():
         "speed_from": f"fairseq-plugins bench: {any_bench['sentences']} test sentences, batch 1, "
                       f"{any_bench['threads']} thread(s), median of {any_bench['runs']} runs, each system and "
                       "single-token L2R alternating in the same process",
+        "speed_ratio_definition": any_bench["speed_ratio_definition"],
         "device": any_bench["device"],
         "rows": rows,
         "commands": report.read_provenance([args.commands]),
@@ -62,7 +104,8 @@ def main():
     if args.beams and os.path.isfile(args.beams):
         sweep = sorted(report.load_results(args.beams), key=lambda r: r["beam"])
         result["speed_ratio_against_beam"] = [
-            {"beam": r["beam"], "speed_ratio": round(r["speed_ratio"], 3),
+            {"label": r["label"], "beam": r["beam"], **speed(r),
+             "tokens_per_s_ratio": round(r["ratios"]["tokens_per_s"], 3),
              "sentences_per_s_ratio": round(r["ratios"]["sentences_per_s"], 3), "tokens_per_s": round(r["tokens_per_s"], 1),
              "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1), "bleu": r["bleu"],
              "l2r_1_bleu": r["baseline"]["bleu"], "sentences": r["sentences"]} for r in sweep]
@@ -71,14 +114,28 @@ def main():
     with atomic_output(args.out + ".json") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    lines = [f"| system (beam {args.beam}) | BLEU | vs l2r-1 | tokens/s | l2r-1 tokens/s | tokens/s ratio | "
-             "sentences/s ratio | decoder calls/sentence |",
+    lines = [f"| system (beam {args.beam}) | BLEU | vs l2r-1 | speed ratio vs l2r-1 (min-max) | tokens/s | "
+             "l2r-1 tokens/s | tokens/s ratio | decoder calls/sentence |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | "
+        timed = "speed_ratio_vs_l2r_1" in row
+        cell = speed_cell({key: row[f"{key}_vs_l2r_1"] for key in SPEED_KEYS}) if timed else ""
+        lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | {cell} | "
                      f"{row.get('tokens_per_s', '')} | {row.get('l2r_1_tokens_per_s', '')} | "
-                     f"{row.get('speed_ratio_vs_l2r_1', '')} | {row.get('sentences_per_s_ratio_vs_l2r_1', '')} | "
+                     f"{row.get('tokens_per_s_ratio_vs_l2r_1', '')} | "
                      f"{row.get('decoder_invocations_per_sentence') or ''} |")
+    lines += flag_notes([(row["system"], {key: row[f"{key}_vs_l2r_1"] for key in SPEED_KEYS})
+                         for row in rows if "speed_ratio_vs_l2r_1" in row])
+    sweep = result.get("speed_ratio_against_beam")
+    if sweep:
+        label = sweep[0]["label"]
+        lines += ["", f"Speed ratio against beam width ({label} vs l2r-1, first {sweep[0]['sentences']} test "
+                  "sentences; paper Fig. 3):", "",
+                  f"| beam | speed ratio (min-max) | tokens/s ratio | BLEU {label} / l2r-1 |", "|---:|---:|---:|---:|"]
+        for point in sweep:
+            lines.append(f"| {point['beam']} | {speed_cell(point)} | {point['tokens_per_s_ratio']} | "
+                         f"{point['bleu']:.1f} / {point['l2r_1_bleu']:.1f} |")
+        lines += flag_notes([(f"beam {point['beam']}", point) for point in sweep])
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -94,13 +151,15 @@ def plot_beams(sweep, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([s["beam"] for s in sweep], [s["speed_ratio"] for s in sweep], marker="o")
+    ax.errorbar([s["beam"] for s in sweep], [s["speed_ratio"] for s in sweep],
+                yerr=[[s["speed_ratio"] - s["speed_ratio_min"] for s in sweep],
+                      [s["speed_ratio_max"] - s["speed_ratio"] for s in sweep]], marker="o", capsize=3)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks([s["beam"] for s in sweep], [str(s["beam"]) for s in sweep])
     ax.set_xlabel("beam width")
-    ax.set_ylabel("tokens/s, bidir-2 / l2r-1")
-    ax.set_title("Speed ratio against beam width (paper Fig. 3)")
+    ax.set_ylabel(f"l2r-1 time / {sweep[0]['label']} time, same sentences")
+    ax.set_title("Speed ratio against beam width (paper Fig. 3)\nmedian of the runs' ratios, bars: min-max", fontsize=9)
     fig.tight_layout()
     with atomic_output(path, mode="wb") as f:
         fig.savefig(f, format="png", dpi=120)

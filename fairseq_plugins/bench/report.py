@@ -80,9 +80,14 @@ def ratio_cell(result: Dict) -> str:
 
 
 def _flag_notes(results: List[Dict]) -> str:
-    notes = [f"! {result.get('label') or result['method']}: {'; '.join(flag_reasons(result))}"
-             for result in results if flag_reasons(result)]
-    return "".join(note + "\n" for note in notes)
+    flagged = [result for result in results if flag_reasons(result)]
+    names = [result.get("label") or result["method"] for result in flagged]
+    notes = []
+    for name, result in zip(names, flagged):
+        if names.count(name) > 1:  # results of one label (e.g. a sweep): say which
+            name += f" ({result['generator']['description']}, batch {result['batch_size']})"
+        notes.append(f"! {name}: {'; '.join(flag_reasons(result))}\n")
+    return "".join(notes)
 
 
 def markdown_table(results: List[Dict]) -> str:
