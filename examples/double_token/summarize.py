@@ -15,42 +15,7 @@ import json
 import os
 
 from fairseq_plugins.bench import report
-from fairseq_plugins.bench.measure import SPREAD_FLAG
 from fairseq_plugins.common.textio import atomic_output
-
-
-SPEED_KEYS = ("speed_ratio", "speed_ratio_min", "speed_ratio_max", "speed_ratio_spread", "speed_ratio_runs",
-              "speed_ratio_flags")
-
-
-def speed(r):
-    """The speed ratio (stock time / method time, same sentences) with every run's ratio, their min-max and
-    spread, and why it should not be taken at face value (`report.flag_reasons`); unrounded, as bench wrote them."""
-    return {key: r[key] for key in SPEED_KEYS[:-1]} | {"speed_ratio_flags": report.flag_reasons(r)}
-
-
-def speed_cell(figures):
-    """``1.45x (1.40-1.49)``; a spread over 10% of the median is written out, and ``!`` marks any flag."""
-    text = f"{figures['speed_ratio']:.2f}x ({figures['speed_ratio_min']:.2f}-{figures['speed_ratio_max']:.2f})"
-    if figures["speed_ratio_spread"] > SPREAD_FLAG:
-        text += f", spread {100 * figures['speed_ratio_spread']:.0f}%"
-    return text + (" !" if figures["speed_ratio_flags"] else "")
-
-
-def flag_notes(labelled):
-    """Markdown lines under a table: the definition, the flags every row shares once, then each row's own."""
-    if not labelled:
-        return []
-    shared = [flag for flag in labelled[0][1]["speed_ratio_flags"]
-              if all(flag in figures["speed_ratio_flags"] for _, figures in labelled)]
-    lines = ["", f"Speed ratio: {report.SPEED_RATIO_HEADER}."]
-    if shared:
-        lines.append(f"! every row: {'; '.join(shared)}.")
-    for label, figures in labelled:
-        own = [f for f in figures["speed_ratio_flags"] if f not in shared]
-        if own:
-            lines.append(f"! {label}: {'; '.join(own)}.")
-    return lines
 
 
 def main():
@@ -72,7 +37,7 @@ def main():
         row = {"system": system, "bleu": bleu["score"], "bleu_signature": bleu.get("signature")}
         if system in benches:
             r = benches[system]
-            row.update({f"{key}_vs_l2r_1": value for key, value in speed(r).items()})
+            row.update({f"{key}_vs_l2r_1": value for key, value in report.speed_figures(r).items()})
             row.update({
                 "tokens_per_s": round(r["tokens_per_s"], 1),
                 "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1),
@@ -104,7 +69,7 @@ def main():
     if args.beams and os.path.isfile(args.beams):
         sweep = sorted(report.load_results(args.beams), key=lambda r: r["beam"])
         result["speed_ratio_against_beam"] = [
-            {"label": r["label"], "beam": r["beam"], **speed(r),
+            {"label": r["label"], "beam": r["beam"], **report.speed_figures(r),
              "tokens_per_s_ratio": round(r["ratios"]["tokens_per_s"], 3),
              "sentences_per_s_ratio": round(r["ratios"]["sentences_per_s"], 3), "tokens_per_s": round(r["tokens_per_s"], 1),
              "l2r_1_tokens_per_s": round(r["baseline"]["tokens_per_s"], 1), "bleu": r["bleu"],
@@ -119,12 +84,12 @@ def main():
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         timed = "speed_ratio_vs_l2r_1" in row
-        cell = speed_cell({key: row[f"{key}_vs_l2r_1"] for key in SPEED_KEYS}) if timed else ""
+        cell = report.speed_cell({key: row[f"{key}_vs_l2r_1"] for key in report.SPEED_KEYS}) if timed else ""
         lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | {cell} | "
                      f"{row.get('tokens_per_s', '')} | {row.get('l2r_1_tokens_per_s', '')} | "
                      f"{row.get('tokens_per_s_ratio_vs_l2r_1', '')} | "
                      f"{row.get('decoder_invocations_per_sentence') or ''} |")
-    lines += flag_notes([(row["system"], {key: row[f"{key}_vs_l2r_1"] for key in SPEED_KEYS})
+    lines += report.flag_note_lines([(row["system"], {key: row[f"{key}_vs_l2r_1"] for key in report.SPEED_KEYS})
                          for row in rows if "speed_ratio_vs_l2r_1" in row])
     sweep = result.get("speed_ratio_against_beam")
     if sweep:
@@ -133,9 +98,9 @@ def main():
                   "sentences; paper Fig. 3):", "",
                   f"| beam | speed ratio (min-max) | tokens/s ratio | BLEU {label} / l2r-1 |", "|---:|---:|---:|---:|"]
         for point in sweep:
-            lines.append(f"| {point['beam']} | {speed_cell(point)} | {point['tokens_per_s_ratio']} | "
+            lines.append(f"| {point['beam']} | {report.speed_cell(point)} | {point['tokens_per_s_ratio']} | "
                          f"{point['bleu']:.1f} / {point['l2r_1_bleu']:.1f} |")
-        lines += flag_notes([(f"beam {point['beam']}", point) for point in sweep])
+        lines += report.flag_note_lines([(f"beam {point['beam']}", point) for point in sweep])
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -15,51 +15,16 @@ import json
 import os
 
 from fairseq_plugins.bench import report
-from fairseq_plugins.bench.measure import SPREAD_FLAG
 from fairseq_plugins.common.textio import atomic_output
 
 PHASES = ("encoder", "lattice", "scoring", "viterbi")
-
-SPEED_KEYS = ("speed_ratio", "speed_ratio_min", "speed_ratio_max", "speed_ratio_spread", "speed_ratio_runs",
-              "speed_ratio_flags")
-
-
-def speed(r):
-    """The speed ratio (stock time / method time, same sentences) with every run's ratio, their min-max and
-    spread, and why it should not be taken at face value (`report.flag_reasons`); unrounded, as bench wrote them."""
-    return {key: r[key] for key in SPEED_KEYS[:-1]} | {"speed_ratio_flags": report.flag_reasons(r)}
-
-
-def speed_cell(figures):
-    """``1.45x (1.40-1.49)``; a spread over 10% of the median is written out, and ``!`` marks any flag."""
-    text = f"{figures['speed_ratio']:.2f}x ({figures['speed_ratio_min']:.2f}-{figures['speed_ratio_max']:.2f})"
-    if figures["speed_ratio_spread"] > SPREAD_FLAG:
-        text += f", spread {100 * figures['speed_ratio_spread']:.0f}%"
-    return text + (" !" if figures["speed_ratio_flags"] else "")
-
-
-def flag_notes(labelled):
-    """Markdown lines under a table: the definition, the flags every row shares once, then each row's own."""
-    if not labelled:
-        return []
-    shared = [flag for flag in labelled[0][1]["speed_ratio_flags"]
-              if all(flag in figures["speed_ratio_flags"] for _, figures in labelled)]
-    lines = ["", f"Speed ratio: {report.SPEED_RATIO_HEADER}."]
-    if shared:
-        lines.append(f"! every row: {'; '.join(shared)}.")
-    for label, figures in labelled:
-        own = [f for f in figures["speed_ratio_flags"] if f not in shared]
-        if own:
-            lines.append(f"! {label}: {'; '.join(own)}.")
-    return lines
-
 
 def bench_row(r):
     stats = r["stats"]
     row = {
         "label": r["label"],
         "bench_bleu": r["bleu"], "bench_baseline_bleu": r["baseline"]["bleu"],
-        **speed(r),
+        **report.speed_figures(r),
         "latency_ms_p50": round(r["latency_ms_p50"], 2), "baseline_latency_ms_p50": round(r["baseline"]["latency_ms_p50"], 2),
         # Secondary: baseline p50 latency / lattice p50 latency (medians of per-sentence times, not a time ratio).
         "latency_p50_ratio": round(r["baseline"]["latency_ms_p50"] / r["latency_ms_p50"], 2),
@@ -154,10 +119,10 @@ def main():
     for row in systems:
         lines.append(f"| {row['system']} | {row['training_targets']} | {row.get('scorer_layers', '')} | {row['epochs']} | "
                      f"{row['bleu']:.1f} | "
-                     f"{row['bleu_gap_vs_baseline_beam5']:.1f} | {speed_cell(row) if 'speed_ratio' in row else ''} | "
+                     f"{row['bleu_gap_vs_baseline_beam5']:.1f} | {report.speed_cell(row) if 'speed_ratio' in row else ''} | "
                      f"{row.get('latency_ms_p50', '')} | {row.get('baseline_latency_ms_p50', '')} | "
                      f"{row.get('lattice_recall', '')} | " + " / ".join(str(row.get(f'{p}_ms', '')) for p in PHASES) + " |")
-    lines += flag_notes([(row["system"], row) for row in systems if "speed_ratio" in row])
+    lines += report.flag_note_lines([(row["system"], row) for row in systems if "speed_ratio" in row])
     for title, rows in (("Other settings", extra), ("K (distill-1)", ks)):
         if not rows:
             continue
@@ -166,9 +131,9 @@ def main():
                   "|---|---|---|---|---|---|---|---|"]
         for row in rows:
             lines.append(f"| {row['label']} | {row['bench_bleu']:.1f} | {row['bench_baseline_bleu']:.1f} | "
-                         f"{speed_cell(row)} | {row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | "
+                         f"{report.speed_cell(row)} | {row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | "
                          f"{row['lattice_recall']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
-        lines += flag_notes([(row["label"], row) for row in rows])
+        lines += report.flag_note_lines([(row["label"], row) for row in rows])
     if layers:
         lines += ["", f"## Scorer layers after {args.layers_epoch} epochs each (distilled targets; paper Table 3)", "",
                   "| setting | BLEU (whole test) | gap | speed ratio (min-max) | latency ms | baseline ms | "
@@ -176,9 +141,9 @@ def main():
                   "|---|---|---|---|---|---|---|"]
         for row in layers:
             lines.append(f"| {row['label']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
-                         f"{speed_cell(row)} | {row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | "
+                         f"{report.speed_cell(row)} | {row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | "
                          f"{row['scoring_ms']} |")
-        lines += flag_notes([(row["label"], row) for row in layers])
+        lines += report.flag_note_lines([(row["label"], row) for row in layers])
     if recall:
         ks_recall = sorted({int(k) for r in recall.values() for k in r})
         lines += ["", "## Lattice recall on test (reference length; paper Fig. 1)", "",

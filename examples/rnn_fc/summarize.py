@@ -20,42 +20,7 @@ import json
 import os
 
 from fairseq_plugins.bench import report
-from fairseq_plugins.bench.measure import SPREAD_FLAG
 from fairseq_plugins.common.textio import atomic_output
-
-
-SPEED_KEYS = ("speed_ratio", "speed_ratio_min", "speed_ratio_max", "speed_ratio_spread", "speed_ratio_runs",
-              "speed_ratio_flags")
-
-
-def speed(r):
-    """The speed ratio (stock time / method time, same sentences) with every run's ratio, their min-max and
-    spread, and why it should not be taken at face value (`report.flag_reasons`); unrounded, as bench wrote them."""
-    return {key: r[key] for key in SPEED_KEYS[:-1]} | {"speed_ratio_flags": report.flag_reasons(r)}
-
-
-def speed_cell(figures):
-    """``1.45x (1.40-1.49)``; a spread over 10% of the median is written out, and ``!`` marks any flag."""
-    text = f"{figures['speed_ratio']:.2f}x ({figures['speed_ratio_min']:.2f}-{figures['speed_ratio_max']:.2f})"
-    if figures["speed_ratio_spread"] > SPREAD_FLAG:
-        text += f", spread {100 * figures['speed_ratio_spread']:.0f}%"
-    return text + (" !" if figures["speed_ratio_flags"] else "")
-
-
-def flag_notes(labelled):
-    """Markdown lines under a table: the definition, the flags every row shares once, then each row's own."""
-    if not labelled:
-        return []
-    shared = [flag for flag in labelled[0][1]["speed_ratio_flags"]
-              if all(flag in figures["speed_ratio_flags"] for _, figures in labelled)]
-    lines = ["", f"Speed ratio: {report.SPEED_RATIO_HEADER}."]
-    if shared:
-        lines.append(f"! every row: {'; '.join(shared)}.")
-    for label, figures in labelled:
-        own = [f for f in figures["speed_ratio_flags"] if f not in shared]
-        if own:
-            lines.append(f"! {label}: {'; '.join(own)}.")
-    return lines
 
 
 def load(path):
@@ -88,7 +53,7 @@ def main():
             "stock_words_per_s": round(r["baseline"]["words_per_s"], 1),
             "stock_sentences_per_s": round(r["baseline"]["sentences_per_s"], 2),
             "stock_bench_bleu": r["baseline"]["bleu"],
-            **speed(r),  # against the stock generator of the same run
+            **report.speed_figures(r),  # against the stock generator of the same run
             "words_per_s_ratio_to_stock": round(r["ratios"]["words_per_s"], 3),  # secondary
             "outputs_identical_to_stock": stats.get("outputs_identical_to_baseline"),
             "model_calls_per_step": round(stats.get("model_calls_per_step", 0), 2),
@@ -191,7 +156,7 @@ def main():
               "[separate runs] | sentences/s | words/s | words/s over plain | = stock | calls/step |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in table1:
-        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {speed_cell(r)} | {r['speedup_over_plain']:.2f}x "
+        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {report.speed_cell(r)} | {r['speedup_over_plain']:.2f}x "
                      f"({r['speedup_over_plain_min']:.2f}-{r['speedup_over_plain_max']:.2f}) "
                      f"[{r['speedup_over_plain_separate_runs']:.2f}x] | {r['sentences_per_s']} | {r['words_per_s']} | "
                      f"{r['words_per_s_speedup_over_plain']:.2f}x | {fmt(r['outputs_identical_to_stock'], '.2f')} | "
@@ -201,40 +166,40 @@ def main():
                   "same stock generator, model and sentences); range: the row's min / the plain decoder's max to the "
                   "row's max / the plain decoder's min; [separate runs]: the plain decoder's median run time / the "
                   "row's, not normalised. Words/s over plain: secondary (it rewards longer outputs)."]
-    lines += flag_notes([(r["label"], r) for r in table1])
+    lines += report.flag_note_lines([(r["label"], r) for r in table1])
     lines += ["", "## Table 2: model variants at equal epochs (exact switches on)", "",
               "| system | epochs | BLEU | speed ratio to stock, same model (min-max) | words/s | sentences/s | "
               "stock words/s (same model) |", "|---|---|---|---|---|---|---|"]
     for r in table2:
-        lines.append(f"| {r['system']} | {r['epochs']} | {fmt(r['bleu'])} | {speed_cell(r)} | {r['words_per_s']} | "
+        lines.append(f"| {r['system']} | {r['epochs']} | {fmt(r['bleu'])} | {report.speed_cell(r)} | {r['words_per_s']} | "
                      f"{r['sentences_per_s']} | {r['stock_words_per_s']} |")
-    lines += flag_notes([(r["label"], r) for r in table2])
+    lines += report.flag_note_lines([(r["label"], r) for r in table2])
     lines += ["", f"## The switches on the baseline transformer (stock fairseq beam 6: BLEU {fmt(baseline_stock_bleu)})", "",
               "| row | BLEU | speed ratio to stock (min-max) | words/s | stock words/s | words/s ratio | candidates |",
               "|---|---|---|---|---|---|---|"]
     for r in baseline:
-        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {speed_cell(r)} | {r['words_per_s']} | "
+        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {report.speed_cell(r)} | {r['words_per_s']} | "
                      f"{r['stock_words_per_s']} | {r['words_per_s_ratio_to_stock']} | "
                      f"{fmt(r['candidates_per_sentence'])} |")
-    lines += flag_notes([(r["label"], r) for r in baseline])
+    lines += report.flag_note_lines([(r["label"], r) for r in baseline])
     if lists:
         lines += ["", "Candidate-list size (top 20 translations + N frequent pieces; baseline transformer, fp32):", "",
                   "| N frequent | BLEU | candidates a sentence | speed ratio to stock (min-max) | words/s | "
                   "words/s ratio |", "|---|---|---|---|---|---|"]
         for r in lists:
             lines.append(f"| {r['frequent']} | {fmt(r['bleu'])} | {fmt(r['candidates_per_sentence'])} | "
-                         f"{speed_cell(r)} | {r['words_per_s']} | {r['words_per_s_ratio_to_stock']} |")
-        lines += flag_notes([(f"{r['frequent']} frequent", r) for r in lists])
+                         f"{report.speed_cell(r)} | {r['words_per_s']} | {r['words_per_s_ratio_to_stock']} |")
+        lines += report.flag_note_lines([(f"{r['frequent']} frequent", r) for r in lists])
     lines += ["", "## rnn_fc against the baseline transformer (same run)", "",
               "| row | BLEU | speed ratio: transformer time / rnn_fc time (min-max) | words/s | transformer words/s | "
               "words/s ratio |", "|---|---|---|---|---|---|"]
     for r in versus:
-        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {speed_cell(r)} | {r['words_per_s']} | "
+        lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {report.speed_cell(r)} | {r['words_per_s']} | "
                      f"{r['baseline_transformer_words_per_s']} | {r['words_per_s_ratio_to_baseline_transformer']} |")
     for r in ctranslate2:
         lines.append(f"| {r['label']} (own run: no speed ratio) | bench sentences: {r['bleu']} | | "
                      f"{r['words_per_s']:.1f} | | |")
-    lines += flag_notes([(r["label"], r) for r in versus])
+    lines += report.flag_note_lines([(r["label"], r) for r in versus])
     lines += ["", "Targets: `" + json.dumps(targets) + "`", "", "Commands:", "", "```"] + result["commands"] + ["```", ""]
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines))

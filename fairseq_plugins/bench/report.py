@@ -133,6 +133,44 @@ def summary_table(results: List[Dict]) -> str:
     return table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\n" + _flag_notes(results)
 
 
+# ---- the speed figures of a summary (examples/*/summarize.py): one dict per result, a cell, notes
+
+SPEED_KEYS = ("speed_ratio", "speed_ratio_min", "speed_ratio_max", "speed_ratio_spread", "speed_ratio_runs",
+              "speed_ratio_flags")
+
+
+def speed_figures(r: Dict) -> Dict:
+    """The speed ratio (stock time / method time, same sentences) with every run's ratio, their min-max and
+    spread, and why it should not be taken at face value (`flag_reasons`); unrounded, as bench wrote them."""
+    return {key: r[key] for key in SPEED_KEYS[:-1]} | {"speed_ratio_flags": flag_reasons(r)}
+
+
+def speed_cell(figures: Dict) -> str:
+    """``1.45x (1.40-1.49)``; a spread over 10% of the median is written out, and ``!`` marks any flag."""
+    from .measure import SPREAD_FLAG
+
+    text = f"{figures['speed_ratio']:.2f}x ({figures['speed_ratio_min']:.2f}-{figures['speed_ratio_max']:.2f})"
+    if figures["speed_ratio_spread"] > SPREAD_FLAG:
+        text += f", spread {100 * figures['speed_ratio_spread']:.0f}%"
+    return text + (" !" if figures["speed_ratio_flags"] else "")
+
+
+def flag_note_lines(labelled) -> List[str]:
+    """Markdown lines under a table: the definition, the flags every row shares once, then each row's own."""
+    if not labelled:
+        return []
+    shared = [flag for flag in labelled[0][1]["speed_ratio_flags"]
+              if all(flag in figures["speed_ratio_flags"] for _, figures in labelled)]
+    lines = ["", f"Speed ratio: {SPEED_RATIO_HEADER}."]
+    if shared:
+        lines.append(f"! every row: {'; '.join(shared)}.")
+    for label, figures in labelled:
+        own = [f for f in figures["speed_ratio_flags"] if f not in shared]
+        if own:
+            lines.append(f"! {label}: {'; '.join(own)}.")
+    return lines
+
+
 def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
     """Speed ratio (x; the stock generator is 1) against BLEU (y): each method point with an arrow from its
     stock baseline measured in the same run, and the ratio's min-max over runs as an error bar."""
