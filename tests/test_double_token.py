@@ -308,6 +308,32 @@ def test_eod_in_either_slot_finalizes_with_the_right_length(eod_slot):
     assert model.calls == 2  # two tokens a call
 
 
+def test_a_forced_second_slot_eod_scores_its_model_probability_or_one_as_the_authors_do():
+    dictionary = word_dictionary(8)
+    eod = dictionary.add_symbol("<eod>")
+    a, b, c, d = (dictionary.index(f"w{i}") for i in range(4))
+    # After (a, b): ending now is EOD (0.5) in the first slot, which forces the second slot's EOD, to which the
+    # model gives 0.1; going on is (c, d) at 0.5 x 0.9.
+    model = FixedTableModel([({a: 0.6, b: 0.4}, {b: 0.6, d: 0.4}), ({eod: 0.5, c: 0.5}, {eod: 0.1, d: 0.9})],
+                            len(dictionary))
+    batch = {"net_input": {"src_tokens": torch.tensor([[a, dictionary.eos()]]), "src_lengths": torch.tensor([2])}}
+
+    def best(forced_eod_score):
+        generator = DoubleTokenGenerator(model, dictionary, eod, "bidir", beam_size=1, left_candidates=2,
+                                         pair_candidates=3, max_len_b=6, forced_eod_score=forced_eod_score)
+        return generator.generate([model], batch)[0][0]
+
+    # The model's probability: log 0.5 + log 0.1 < log 0.5 + log 0.9, so it goes on to the maximum length.
+    assert len(best("model")["tokens"]) == 7
+    # Probability 1 (the authors' code): log 0.5 + 0 > log 0.5 + log 0.9, so it ends after (a, b).
+    certain = best("one")
+    assert certain["tokens"].tolist() == [a, b, dictionary.eos()]
+    expected = [math.log(0.6), math.log(0.6), math.log(0.5)]
+    assert torch.allclose(certain["positional_scores"], torch.tensor(expected), atol=1e-5)
+    with pytest.raises(ValueError, match="--forced-eod-score sometimes: one of model, one"):
+        DoubleTokenGenerator(model, dictionary, eod, "bidir", forced_eod_score="sometimes")
+
+
 def test_min_len_forbids_an_early_eod_and_max_len_forces_one():
     dictionary = word_dictionary(8)
     eod = dictionary.add_symbol("<eod>")

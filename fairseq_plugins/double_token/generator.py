@@ -6,7 +6,9 @@ slots of the next pair for every live hypothesis in one call, then:
   DoubleTopK   the best ``left_candidates`` (default 2W) first-slot extensions over all W live hypotheses,
                by cumulative score; each is paired with its hypothesis' second-slot tokens, scored by the
                first-slot score plus the second-slot log-probability, and the best ``pair_candidates``
-               (default 3W) pairs are kept. A first-slot EOD forces a second-slot EOD (the sentence is over).
+               (default 3W) pairs are kept. A first-slot EOD forces a second-slot EOD (the sentence is over),
+               scored by the model's log-probability of EOD in that slot (``forced_eod_score="model"``, the
+               default) or, as the authors' code does, with probability 1 (``"one"``: log-probability 0).
   FINALIZE     a pair holding an EOD ends its hypothesis, if it is among the W best candidates (as fairseq
                finalizes EOS); a sentence is done when it has W finished hypotheses.
   EXPANDBEAM   the W best candidates without EOD are the next step's live hypotheses.
@@ -34,6 +36,10 @@ from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)
 
+# How the second slot's EOD, forced by a first-slot EOD, is scored: the model's log-probability, or 0 (the
+# authors' code: the token is certain, so it costs nothing).
+FORCED_EOD_SCORES = ("model", "one")
+
 
 class RightToLeftSequenceGenerator(SequenceGenerator):
     """fairseq's SequenceGenerator on a model trained on reversed targets; outputs in natural order."""
@@ -59,7 +65,7 @@ class DoubleTokenGenerator(MethodGenerator):
     def __init__(self, model, tgt_dict, eod: int, token_order: str, beam_size: int = 5, left_candidates: int = 10,
                  pair_candidates: int = 15, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                  normalize_scores: bool = True, len_penalty: float = 1.0, unk_penalty: float = 0.0,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, forced_eod_score: str = "model"):
         assert model.decoder.tokens_per_step == 2, "DoubleTokenGenerator decodes two-token-a-step models"
         assert beam_size >= 1 and left_candidates >= 1 and pair_candidates >= beam_size
         self.model = model
@@ -71,6 +77,9 @@ class DoubleTokenGenerator(MethodGenerator):
         # Inputs of the step that emits natural tokens 2s+1, 2s+2 sit at positions 2s, 2s+1.
         self.max_positions = model.max_decoder_positions()
         self.temperature = temperature
+        if forced_eod_score not in FORCED_EOD_SCORES:
+            raise ValueError(f"--forced-eod-score {forced_eod_score}: one of {', '.join(FORCED_EOD_SCORES)}")
+        self.forced_eod_is_certain = forced_eod_score == "one"
         self.eos = tgt_dict.eos()
         self.reset_generation_stats()
 
@@ -138,6 +147,8 @@ class DoubleTokenGenerator(MethodGenerator):
             ended = left_token.eq(self.eod)
             if ended.any():  # after a first-slot EOD the only second slot is EOD
                 eod_score = lprobs[:, :, 1, self.eod].gather(1, left_beam)
+                if self.forced_eod_is_certain:
+                    eod_score = torch.zeros_like(eod_score)
                 first = torch.arange(pairs, device=device) == 0
                 right_score = torch.where(ended.unsqueeze(-1), torch.where(first, eod_score.unsqueeze(-1), -math.inf),
                                           right_score)
@@ -152,6 +163,8 @@ class DoubleTokenGenerator(MethodGenerator):
             pair_slot_scores = torch.stack([
                 lprobs[:, :, 0].reshape(live * W, vocab)[row, left_token],
                 lprobs[:, :, 1].reshape(live * W, vocab)[row, right_token]], dim=-1)  # (live, P, 2)
+            if self.forced_eod_is_certain:
+                pair_slot_scores[..., 1].masked_fill_(left_token.eq(self.eod), 0.0)
 
             # FINALIZE: pairs with an EOD among the W best candidates.
             has_eod = (left_token.eq(self.eod) | right_token.eq(self.eod)) & (pair_score > -math.inf)

@@ -21,7 +21,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
-from .generator import DoubleTokenGenerator, RightToLeftSequenceGenerator
+from .generator import FORCED_EOD_SCORES, DoubleTokenGenerator, RightToLeftSequenceGenerator
 from .model import DoubleTokenTransformerModel
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,11 @@ class DoubleTokenTranslationConfig(TranslationConfig):
     pair_candidates: int = field(
         default=0, metadata={"help": "DoubleTopK: best (first, second) pairs kept after pairing each first-slot "
                                      "candidate with second-slot tokens (0: 3 x --beam); at least --beam"},
+    )
+    forced_eod_score: ChoiceEnum(FORCED_EOD_SCORES) = field(
+        default="model", metadata={"help": "score of the second slot's EOD that a first-slot EOD forces: 'model' "
+                                           "(its log-probability under the model) or 'one' (probability 1, as "
+                                           "the authors' code scores it)"},
     )
     double_token_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start from this trained fairseq transformer checkpoint "
@@ -142,7 +147,7 @@ class DoubleTokenTranslationTask(TranslationTask):
             max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
             min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
             len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),
-            temperature=getattr(args, "temperature", 1.0),
+            temperature=getattr(args, "temperature", 1.0), forced_eod_score=self.cfg.forced_eod_score,
         )
 
     def _check_trained_order(self, model) -> None:
