@@ -468,13 +468,17 @@ def test_mismatched_order_and_bad_flags_are_clear_errors(double_token_trained, s
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
 
 
-def test_bench_compares_against_another_checkpoint_in_the_same_run(double_token_trained, tmp_path):
-    result_path = tmp_path / "dt.json"
+def bench_bidir_against(double_token_trained, baseline_path, result_path):
+    """bench of the tiny bidir-2 system against ``baseline_path`` (beam 3, the first 10 sentences, 1 run)."""
     plugins_cli("bench", "--method", "double_token", "--path", double_token_trained["bidir"],
-                "--baseline-path", double_token_trained["l2r"], "--data", double_token_trained["data"],
+                "--baseline-path", baseline_path, "--data", double_token_trained["data"],
                 "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", result_path,
                 "--token-order", "bidir", "--tokens-per-step", 2)
-    result = json.loads(result_path.read_text())
+    return json.loads(result_path.read_text())
+
+
+def test_bench_compares_against_another_checkpoint_in_the_same_run(double_token_trained, tmp_path):
+    result = bench_bidir_against(double_token_trained, double_token_trained["l2r"], tmp_path / "dt.json")
     assert result["baseline_checkpoint"] == os.path.abspath(double_token_trained["l2r"])
     assert result["stats"]["sentences"] == 10 and result["stats"]["decoder_invocations"] > 0
     # Both decoded in natural order (reversed or folded outputs score about 0; the tiny models score ~13 here).
@@ -485,12 +489,7 @@ def test_bench_compares_against_the_plain_transformer_whose_dictionaries_lack_eo
                                                                                  tmp_path):
     """A warm-started system is measured against the transformer it changes: the baseline is loaded with its own
     task (no EOD in its dictionaries) and must score exactly as fairseq-generate scores it."""
-    result_path = tmp_path / "dt-vs-transformer.json"
-    plugins_cli("bench", "--method", "double_token", "--path", double_token_trained["bidir"],
-                "--baseline-path", trained["checkpoint"], "--data", double_token_trained["data"],
-                "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", result_path,
-                "--token-order", "bidir", "--tokens-per-step", 2)
-    result = json.loads(result_path.read_text())
+    result = bench_bidir_against(double_token_trained, trained["checkpoint"], tmp_path / "dt-vs-transformer.json")
     stock_alone = tmp_path / "transformer.json"
     plugins_cli("bench", "--method", "baseline", "--path", trained["checkpoint"], "--data", trained["data"],
                 "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", stock_alone)
