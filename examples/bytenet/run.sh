@@ -18,6 +18,8 @@
 # Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
 #   env: STAGES ("prepare train-mt train-lm evaluate-mt evaluate-lm bench saliency summary"), MT_MINUTES (35), LM_MINUTES (20),
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
+#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm transformer-lm": e.g. one of them
+#        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (2)
 set -euo pipefail
 MULTI30K=${1:-../shared/data/multi30k}
@@ -63,9 +65,9 @@ LM_TRAIN=("$WORK/lm-data/bin" --task language_modeling --tokens-per-sample 256 -
 LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1184
   --decoder-attention-heads 4 --share-decoder-input-output-embed)
 
-train_pair() {  # name-a, name-b: the two "$WORK/<name>" runs started together, waited for together
+train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread each), waited for together
   local pids=()
-  for name in "$1" "$2"; do
+  for name in "$@"; do
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
     OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" --save-dir "$WORK/$name/checkpoints" \
@@ -78,11 +80,13 @@ bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_
 transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}")
 bytenet_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_lm_shakespeare)
 transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]}")
-if stage train-mt; then train_pair bytenet-mt transformer-mt; fi
-if stage train-lm; then train_pair bytenet-lm transformer-lm; fi
+MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
+LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm transformer-lm}
+# shellcheck disable=SC2086  # lists of names
+if stage train-mt; then train_pair $MT_SYSTEMS; fi
+# shellcheck disable=SC2086
+if stage train-lm; then train_pair $LM_SYSTEMS; fi
 
-MT_SYSTEMS="bytenet-mt transformer-mt"
-LM_SYSTEMS="bytenet-lm transformer-lm"
 if stage evaluate-mt; then
   for name in $MT_SYSTEMS; do
     for beam in $BEAM 1; do
