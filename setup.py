@@ -3,16 +3,23 @@
 Install with `make install`, not bare pip: torch and fairseq need pinned, CPU-safe installs (see Makefile).
 """
 
+import re
+
 from setuptools import find_packages, setup
+
+with open("fairseq_plugins/__init__.py", encoding="utf-8") as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 setup(
     name="fairseq-plugins",
-    version="0.1.0",
+    version=VERSION,
     description="Fast-translation methods (ByteNet, blockwise, double-token, seq-to-lattice, fast CPU "
     "decoding) as fairseq plugins",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    license="MIT",
+    # The platforms of the ve-fairseq 0.12.3 wheels (cp311, cp312; manylinux_2_28_x86_64).
+    python_requires=">=3.11,<3.13",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
     # torch and fairseq are deliberately absent: pip would pull a CUDA torch and torchaudio for them.
     # The Makefile installs torch==2.13.0 (CPU) and ve-fairseq==0.12.3 --no-deps, then these.

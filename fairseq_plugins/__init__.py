@@ -6,11 +6,20 @@ fairseq-generate decodes every sentence. So ``fairseq-train``, ``fairseq-generat
 ``fairseq-interactive`` need nothing but ``--user-dir``.
 """
 
+import importlib
 import os
 
-from .common import fairseq_fixes
+__version__ = "0.1.0"  # setup.py reads it from here
 
-__version__ = "0.1.0"
+try:
+    importlib.import_module("fairseq")
+except ModuleNotFoundError as error:
+    if error.name != "fairseq":
+        raise
+    raise ImportError("fairseq-plugins needs fairseq, which is not installed: pip install --no-deps "
+                      "ve-fairseq==0.12.3 (or `make install` in a clone, which installs everything)") from None
+
+from .common import fairseq_fixes  # noqa: E402
 
 
 def user_dir() -> str:

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from . import user_dir
+from . import __version__, user_dir
 from .bench.harness import add_bench_parser
 from .bytenet.saliency import add_saliency_parser
 from .common.align import add_align_parser
@@ -40,6 +40,8 @@ def main(argv=None):
         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr,
     )
     parser = argparse.ArgumentParser(prog="fairseq-plugins", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:
         add(subparsers)

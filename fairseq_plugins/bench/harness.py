@@ -22,7 +22,7 @@ import torch
 
 from .. import user_dir
 from ..common.prepared import PreparedData
-from ..common.textio import InputError, atomic_output, read_lines, read_parallel, write_lines
+from ..common.textio import InputError, atomic_output, check_output_path, read_lines, read_parallel, write_lines
 from . import report
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
                       percentile, speed_ratio_figures, usable_cores)
@@ -118,6 +118,9 @@ def _check_bench_args(args) -> None:
         raise InputError("--device cuda: no CUDA device is available")
     if args.append_markdown and not args.json:
         raise InputError("--append-markdown needs --json (the results to tabulate)")
+    for flag in ("json", "markdown", "plot", "hypotheses"):  # writable now, not after the decoding
+        if getattr(args, flag):
+            check_output_path(getattr(args, flag), f"--{flag}")
 
 
 def _parse_fairseq_args(args, data: PreparedData):

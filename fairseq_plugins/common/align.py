@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from .textio import InputError, atomic_output, read_parallel
+from .textio import InputError, atomic_output, positive_int, read_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def add_align_parser(subparsers):
     p.add_argument("--lexical-table", default=None,
                    help="also write the forward model's lexical table, ln p(target | source), in fast_align's -p "
                         "text format (both backends)")
-    p.add_argument("--iterations", type=int, default=5, help="EM iterations of each direction")
+    p.add_argument("--iterations", type=positive_int, default=5, help="EM iterations of each direction")
     p.set_defaults(run=_run_align)
 
 

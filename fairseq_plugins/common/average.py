@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .textio import InputError
+from .textio import InputError, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +88,9 @@ def add_average_parser(subparsers):
                    help="checkpoint files, or one save directory with --num-epoch-checkpoints/--num-update-checkpoints")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--num-epoch-checkpoints", type=int, help="average the last N checkpointEPOCH.pt of --inputs DIR")
-    count.add_argument("--num-update-checkpoints", type=int,
+    count.add_argument("--num-epoch-checkpoints", type=positive_int,
+                       help="average the last N checkpointEPOCH.pt of --inputs DIR")
+    count.add_argument("--num-update-checkpoints", type=positive_int,
                        help="average the last N checkpoint_EPOCH_UPDATE.pt of --inputs DIR")
     p.set_defaults(run=_run_average)
 

@@ -14,13 +14,15 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
 from typing import Dict, Iterator, List, Optional
 
-from .textio import InputError, give_default_mode, read_lines, read_parallel, write_lines
-from .tokenization import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
+from .textio import (InputError, decode_lines, give_default_mode, non_negative_int, positive_int, read_lines,
+                     read_parallel, write_lines)
+from .tokenization import VISIBLE_SPACE, CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +58,35 @@ def find_split_prefixes(raw_dir: str, source_lang: str, target_lang: str, stems:
 
 def _check_output_dir(out_dir: str, overwrite: bool) -> None:
     """Refuse to replace a non-empty directory unless asked (checked before any slow work)."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: output directory is a file")
     if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
         raise InputError(f"{out_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
 
 
 @contextlib.contextmanager
 def _build_aside(out_dir: str) -> Iterator[str]:
-    """A hidden directory beside ``out_dir``, renamed into its place only if the block succeeds."""
+    """A hidden directory beside ``out_dir``, renamed into its place only if the block succeeds.
+
+    An existing ``out_dir`` is moved aside first and deleted only once the new one is in place: a failure
+    leaves it whole."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     build_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out_dir))}.")
     try:
         yield build_dir
         give_default_mode(build_dir)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(build_dir, out_dir)
+        old_dir = f"{build_dir}.old" if os.path.exists(out_dir) else None
+        if old_dir:
+            os.replace(out_dir, old_dir)
+        try:
+            os.replace(build_dir, out_dir)
+        except BaseException:
+            if old_dir:
+                os.replace(old_dir, out_dir)
+            raise
+        if old_dir:
+            shutil.rmtree(old_dir, ignore_errors=True)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
@@ -219,6 +234,9 @@ class PreparedData:
             self.manifest = json.load(f)
         if self.manifest.get("version") != MANIFEST_VERSION:
             raise InputError(f"{manifest_path}: manifest version {self.manifest.get('version')}, expected {MANIFEST_VERSION}")
+        if self.manifest.get("kind") == "lm":
+            raise InputError(f"{path}: language-model data (made by `fairseq-plugins prepare-lm`); this command "
+                             "needs a parallel corpus made by `fairseq-plugins prepare RAW OUT -s SRC -t TGT`")
         self.path = path
         self.source_lang = self.manifest["source_lang"]
         self.target_lang = self.manifest["target_lang"]
@@ -239,23 +257,57 @@ class PreparedData:
         return os.path.join(self.path, "raw", f"{split}.{lang}")
 
 
-def parse_generate_output(lines) -> List[str]:
-    """Hypotheses (``H-<id>`` lines, first per id) of ``fairseq-generate`` output, in sentence-id order."""
-    hypotheses = {}
+_GENERATE_LINE = re.compile(r"([SH])-(\d+)\t")
+
+
+def parse_generate_output(lines, where: str = "fairseq-generate output") -> List[str]:
+    """Hypotheses (``H-<id>`` lines, first per id) of ``fairseq-generate`` output, in sentence-id order.
+
+    Every sentence must have one: each ``S-<id>`` line, and every id below the largest (ids are the split's
+    line numbers), else an error names the missing ids (a truncated run, or sentences dropped or filtered)."""
+    hypotheses, ids = {}, set()
     for line in lines:
-        if line.startswith("H-"):
-            head, _score, text = (line.rstrip("\n").split("\t", 2) + ["", ""])[:3]
-            hypotheses.setdefault(int(head[2:]), text)
+        match = _GENERATE_LINE.match(line)
+        if match:
+            ids.add(int(match.group(2)))
+            if match.group(1) == "H":
+                _head, _score, text = (line.rstrip("\n").rstrip("\r").split("\t", 2) + ["", ""])[:3]
+                hypotheses.setdefault(int(match.group(2)), text)
+    if not hypotheses:
+        raise InputError(f"{where}: no H-<id> lines (not fairseq-generate output, or made with --quiet?)")
+    missing = sorted((ids | set(range(max(ids) + 1))) - hypotheses.keys())
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
+        raise InputError(f"{where}: {len(missing)} of {max(ids) + 1} sentences have no H- line (ids {shown}): "
+                         "a truncated fairseq-generate run, or sentences it skipped or dropped")
     return [hypotheses[i] for i in sorted(hypotheses)]
 
 
+def _check_not_post_processed(hypotheses: List[str], tokenizer, where: str) -> None:
+    """fairseq-generate --post-process/--remove-bpe writes H- lines already detokenised: no word-boundary symbol
+    left, which decoding them again would glue into one word. Refuse such output."""
+    symbol = getattr(tokenizer, "space_symbol", VISIBLE_SPACE)
+    words = [h for h in hypotheses if h.strip()]
+    if not words or any(symbol in h for h in words):
+        return
+    # SentencePiece marks every word's first piece; characters show words only in sentences with a space,
+    # so for them the sign is a token of several characters (not an escape like <U+00A0> or <unk>).
+    if tokenizer.kind == "char" and not any(len(token) > 1 and not (token.startswith("<") and token.endswith(">"))
+                                            for h in words for token in h.split()):
+        return
+    raise InputError(f"{where}: its H- lines hold no {symbol!r} word-boundary symbol, which the data's "
+                     f"{tokenizer.kind} tokens carry: already detokenised by fairseq-generate --post-process or "
+                     "--remove-bpe? Run fairseq-generate without them and detok its output")
+
+
 def detokenize_stream(data: PreparedData, lang: str, lines, from_generate: bool = False, out=sys.stdout,
-                      keep_pieces: bool = False) -> None:
+                      keep_pieces: bool = False, where: str = "fairseq-generate output") -> None:
     tokenizer = data.tokenizer(lang)
     if from_generate:
-        lines = parse_generate_output(lines)
+        lines = parse_generate_output(lines, where)
+        _check_not_post_processed(lines, tokenizer, where)
     for line in lines:
-        line = line.rstrip("\n")
+        line = line.rstrip("\n").rstrip("\r")
         out.write((line if keep_pieces else tokenizer.decode(line)) + "\n")
 
 
@@ -310,7 +362,7 @@ def add_prepare_parser(subparsers):
                    help="subword (SentencePiece) or character tokens (spaces become a visible symbol)")
     p.add_argument("--char", dest="tokenizer", action="store_const", const="char",
                    help="shorthand for --tokenizer char")
-    p.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size per model")
+    p.add_argument("--vocab-size", type=positive_int, default=8000, help="SentencePiece vocabulary size per model")
     p.add_argument("--separate", dest="joint", action="store_false",
                    help="one SentencePiece model and dictionary per language (default: joint, shared)")
     p.add_argument("--spm-model-type", choices=("unigram", "bpe"), default="unigram",
@@ -318,8 +370,9 @@ def add_prepare_parser(subparsers):
     for split in ("train", "valid", "test"):
         p.add_argument(f"--{split}-name", default=None,
                        help=f"file stem of the {split} split (default: Multi30k names, then '{split}')")
-    p.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs (0: all)")
-    p.add_argument("--workers", type=int, default=1, help="fairseq-preprocess worker processes")
+    p.add_argument("--train-limit", type=non_negative_int, default=0,
+                   help="use only the first N training pairs (0: all)")
+    p.add_argument("--workers", type=positive_int, default=1, help="fairseq-preprocess worker processes")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.set_defaults(run=_run_prepare)
 
@@ -372,10 +425,12 @@ def add_detok_parser(subparsers):
 def _run_detok(args, argv):
     data = PreparedData(args.data)
     lang = args.lang or data.target_lang
+    # Read (and check) the whole input before writing a line.
     if args.input == "-":
-        detokenize_stream(data, lang, sys.stdin, args.from_generate, keep_pieces=args.keep_pieces)
+        where, lines = "standard input", list(decode_lines(sys.stdin.buffer, "standard input"))
     else:
         if not os.path.isfile(args.input):
             raise InputError(f"--input {args.input}: no such file")
-        with open(args.input, encoding="utf-8") as f:
-            detokenize_stream(data, lang, f, args.from_generate, keep_pieces=args.keep_pieces)
+        with open(args.input, "rb") as f:
+            where, lines = args.input, list(decode_lines(f, args.input))
+    detokenize_stream(data, lang, lines, args.from_generate, keep_pieces=args.keep_pieces, where=where)

@@ -1,9 +1,10 @@
 """Reading and writing text corpora: clear errors on bad input, nothing half-written on failure."""
 
+import argparse
 import contextlib
 import os
 import tempfile
-from typing import Iterator, List, Sequence
+from typing import Iterable, Iterator, List, Sequence
 
 
 class InputError(ValueError):
@@ -15,8 +16,8 @@ def read_lines(path: str, allow_empty_lines: bool = False) -> List[str]:
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     lines = []
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, line in enumerate(decode_lines(f, path), start=1):
             line = line.rstrip("\n").rstrip("\r")
             if not allow_empty_lines and not line.strip():
                 raise InputError(f"{path}:{number}: empty line (every sentence needs text)")
@@ -24,6 +25,21 @@ def read_lines(path: str, allow_empty_lines: bool = False) -> List[str]:
     if not lines:
         raise InputError(f"{path}: file is empty")
     return lines
+
+
+def decode_lines(lines: Iterable[bytes], path: str) -> Iterator[str]:
+    """Decode lines of bytes (a file opened "rb") as UTF-8; a bad byte names the file, line and byte offset."""
+    offset = 0
+    for number, line in enumerate(lines, start=1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(
+                f"{path}:{number}: not UTF-8 text: byte 0x{line[error.start]:02x} at byte offset "
+                f"{offset + error.start} of the file (byte {error.start} of the line); convert the file to "
+                "UTF-8 first (e.g. iconv -f LATIN1 -t UTF-8)"
+            ) from None
+        offset += len(line)
 
 
 def read_parallel(source_path: str, target_path: str) -> (List[str], List[str]):
@@ -35,6 +51,43 @@ def read_parallel(source_path: str, target_path: str) -> (List[str], List[str]):
             "parallel files must be sentence-aligned"
         )
     return source, target
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or size: an integer of at least 1, refused at parsing otherwise."""
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of a count where 0 means "no limit" or "none": an integer of at least 0."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def check_output_path(path: str, flag: str) -> None:
+    """Refuse, before any work, an output file that could not be written: a directory, a path under a file,
+    or one in a directory this user cannot write (missing parents are fine: atomic_output creates them)."""
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path}: is a directory (give a file name)")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise InputError(f"{flag} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: directory {existing} is not writable")
 
 
 @contextlib.contextmanager

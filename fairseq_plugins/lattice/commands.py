@@ -5,7 +5,7 @@ import logging
 import os
 
 from ..common.align import read_pharaoh
-from ..common.textio import InputError, atomic_output
+from ..common.textio import InputError, atomic_output, positive_int
 from .ibm2 import CandidateTable, lattice_recall, never_candidates, read_binarized_pairs
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def add_lattice_table_parser(subparsers):
     p.add_argument("--alignment", required=True,
                    help="Pharaoh i-j alignments of that split's token sequences (`fairseq-plugins align` of the "
                         "tokenised text the split was binarised from)")
-    p.add_argument("--top-n", type=int, default=40, help="target tokens kept per (source token, offset)")
+    p.add_argument("--top-n", type=positive_int, default=40, help="target tokens kept per (source token, offset)")
     p.add_argument("--output", required=True, help="write the table here (.pt)")
     p.set_defaults(run=_run_lattice_table)
 
@@ -47,7 +47,7 @@ def add_lattice_recall_parser(subparsers):
         "lattice-recall", help="share of reference tokens inside the top-K lattice of their position (paper Fig. 1)")
     p.add_argument("--table", required=True, help="candidate table from `fairseq-plugins lattice-table`")
     _data_arguments(p, "binarised split whose references to look up (default: valid)")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    p.add_argument("--k", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                    help="lattice widths to report")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.set_defaults(run=_run_lattice_recall)

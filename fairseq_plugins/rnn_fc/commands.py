@@ -5,7 +5,7 @@ import os
 
 from fairseq.data import Dictionary
 
-from ..common.textio import InputError
+from ..common.textio import InputError, non_negative_int, positive_int
 from .shortlist import Shortlist, read_lexical_table
 
 logger = logging.getLogger(__name__)
@@ -22,8 +22,9 @@ def add_shortlist_parser(subparsers):
     p.add_argument("--data-bin", required=True, help="fairseq-preprocess output (its dictionaries)")
     p.add_argument("-s", "--source-lang", required=True, help="source language suffix, e.g. en")
     p.add_argument("-t", "--target-lang", required=True, help="target language suffix, e.g. de")
-    p.add_argument("--top", type=int, default=20, help="translations kept per source token")
-    p.add_argument("--frequent", type=int, default=100, help="most frequent target tokens every list holds")
+    p.add_argument("--top", type=positive_int, default=20, help="translations kept per source token")
+    p.add_argument("--frequent", type=non_negative_int, default=100,
+                   help="most frequent target tokens every list holds")
     p.add_argument("--output", required=True, help="write the candidate lists here (.pt)")
     p.set_defaults(run=_run_shortlist)
 
