@@ -6,7 +6,7 @@
 #
 # Usage: examples/baseline/run.sh [MULTI30K_DIR] [WORK_DIR]
 #   env: EPOCHS (20), STAGES ("prepare train evaluate bench"), BENCH_JSON (docs/results/baseline.json),
-#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (1)
+#        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3)
 set -euo pipefail
 RAW=${1:-../shared/data/multi30k}
 WORK=${2:-work/baseline}
@@ -55,7 +55,7 @@ if stage bench; then
   for beam in 5 1; do
     fairseq-plugins bench --method baseline --path "$CKPT" --data "$WORK/data" --split test \
       --device cpu --threads 1 --batch-size 1 --beam "$beam" \
-      --runs "${BENCH_RUNS:-1}" --limit "${BENCH_LIMIT:-0}" \
+      --runs "${BENCH_RUNS:-3}" --limit "${BENCH_LIMIT:-200}" \
       --provenance "$COMMANDS" --json "$BENCH_JSON.tmp" --append \
       --markdown "${BENCH_JSON%.json}.md" --append-markdown --plot "${BENCH_JSON%.json}.png"
   done

@@ -16,7 +16,7 @@
 #        K (heads per model, 10), FFN_DIM (heads' hidden units per head; default the base's d_ff),
 #        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (frozen variants, 350),
 #        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10"),
-#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (2), BENCH_JSON (docs/results/blockwise.json),
+#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json),
 #        BEST_VARIANT (regular: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
 #        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4)
@@ -103,7 +103,7 @@ if stage bench; then
   if [[ ${SKIP_SWEEP:-0} != 1 ]]; then
     rm -f "${RESULTS}_speed_vs_k.json"
     for block in $BLOCK_SIZES; do
-      bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 2 "${SWEEP_LIMIT:-200}"
+      bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 3 "${SWEEP_LIMIT:-200}"
     done
   fi
   # The fastest k >= 2 of that sweep (k = 1 is greedy decoding), unless BEST_K is given.
@@ -111,7 +111,7 @@ if stage bench; then
   # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
   rm -f "${RESULTS}.json"
   for batch in 1 32; do
-    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-2}" \
+    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
       "${BENCH_LIMIT:-0}"
   done
   # Approximate acceptance and minimum block size, side by side with exact (batched).

@@ -20,7 +20,7 @@
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm transformer-lm": e.g. one of them
 #        where only one core is free; a later run with the other gives it the same budget),
-#        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (2)
+#        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
 set -euo pipefail
 MULTI30K=${1:-../shared/data/multi30k}
 SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
@@ -118,7 +118,7 @@ if stage bench; then
     decoding=$([[ $length -le ${RECOMPUTE_MAX:-400} ]] && echo recompute || echo cached)
     record fairseq-plugins bench --method bytenet --path "$WORK/bytenet-mt/checkpoints/checkpoint_best.pt" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam 1 \
-      --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-2}" --warmup 1 --latency-limit 0 \
+      --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-3}" --warmup 1 --latency-limit 0 \
       --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
       --label "length $length, $decoding vs cached" --provenance "$COMMANDS" --json "$LENGTH_JSON" --append
   done
@@ -126,7 +126,7 @@ if stage bench; then
   for name in $MT_SYSTEMS; do
     record fairseq-plugins bench --method baseline --path "$WORK/$name/checkpoints/checkpoint_best.pt" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 \
-      --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs 1 --label "$name beam $BEAM" \
+      --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "$name beam $BEAM" \
       --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json" --append
   done
 fi

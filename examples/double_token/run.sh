@@ -23,7 +23,7 @@
 #   env: STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (40: a cap;
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (2), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
 #        GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
@@ -93,7 +93,7 @@ bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON: one bench row, stock single-tok
   fairseq-plugins bench --method double_token --label "$1" --path "$(checkpoint "$1")" $GEN_FLAGS \
     --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
     --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 --beam "$2" --limit "$3" \
-    --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")
+    --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")
 }
 
 if stage bench; then

@@ -21,7 +21,7 @@
 #   env: STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (6; per system EPOCHS_raw_1 ...,
 #        distill-2 and distill-3 default to LAYERS_EPOCH), WARMUP (400), THREADS (training threads per
 #        system, 2), KS ("1 32 64 128"), K (64),
-#        BENCH_LIMIT (200 sentences), BENCH_RUNS (2), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
 #        ALIGN_BACKEND (systran)
 set -euo pipefail
 BASE=${1:-work/baseline}
@@ -114,7 +114,7 @@ bench_against_baseline() {  # SYSTEM CHECKPOINT LABEL JSON [decoding flags...]: 
   fairseq-plugins bench --method lattice --label "$label" --path "$path" \
     --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
     --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 \
-    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" --json "$json" --append \
+    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$json" --append \
     $(decode_flags "$system") "$@"
 }
 

@@ -27,7 +27,7 @@
 # Usage: examples/rnn_fc/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: STAGES, SYSTEMS, EPOCHS (12; per system EPOCHS_fc0_tanh ...: the variants default to VARIANT_EPOCHS, 3),
-#        THREADS (training threads, 1), WARMUP (400), BENCH_LIMIT (200), BENCH_RUNS (2), RESULTS (docs/results)
+#        THREADS (training threads, 1), WARMUP (400), BENCH_LIMIT (200), BENCH_RUNS (3), RESULTS (docs/results)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
@@ -87,7 +87,7 @@ bench_row() {  # JSON LABEL CHECKPOINT [bench and decoding flags...]: beam 6, on
   local json=$1 label=$2 path=$3
   shift 3
   fairseq-plugins bench --method rnn_fc --label "$label" --path "$path" --beam 6 --data "$DATA" --split test \
-    --threads 1 --batch-size 1 --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" \
+    --threads 1 --batch-size 1 --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" \
     --provenance "$COMMANDS" "$BASE/commands.txt" --json "$json" --append "$@"
 }
 
@@ -175,7 +175,7 @@ if stage ctranslate2; then
   record ct2-fairseq-converter --model_path "$BASELINE" --data_dir "$DATA/bin" --source_lang en --target_lang de \
     --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
   record python "$(dirname "$0")/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" --beam 6 \
-    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-2}" --provenance "$COMMANDS" \
+    --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" \
     --json "$RESULTS/rnn_fc_ctranslate2.json"
 fi
 
