@@ -22,10 +22,11 @@ from fairseq_plugins.blockwise.model import (
 HEADS = 4
 
 
-def random_model(seed=0, heads=HEADS, learned_first_head=False, std=0.3):
+def random_model(seed=0, heads=HEADS, learned_first_head=False, std=0.3, layout="joint"):
     """An untrained tiny blockwise model with large random weights, so its outputs vary from token to token."""
     dictionary = word_dictionary()
-    args = argparse.Namespace(blockwise_heads=heads, blockwise_learned_first_head=learned_first_head)
+    args = argparse.Namespace(blockwise_heads=heads, blockwise_learned_first_head=learned_first_head,
+                              blockwise_head_layout=layout)
     blockwise_transformer_tiny(args)
     args.dropout = 0.0
     torch.manual_seed(seed)
@@ -47,6 +48,46 @@ def test_proposal_heads_keep_the_base_as_head_one_and_compute_any_subset():
     assert heads.fc2.out_features == 3 * 8 and heads.fc1.out_features == 4 * 5  # k * d_ff hidden
     learned = ProposalHeads(8, 5, 4, learned_first_head=True, dropout=0.0)
     assert learned.fc2.out_features == 4 * 8
+
+
+@pytest.mark.parametrize("learned_first_head", [False, True])
+def test_separate_heads_read_only_their_own_weights(learned_first_head):
+    heads = ProposalHeads(embed_dim=8, ffn_dim_per_head=5, num_heads=4, learned_first_head=learned_first_head,
+                          dropout=0.0, layout="separate")
+    for parameter in heads.parameters():
+        torch.nn.init.normal_(parameter)
+    learned = 4 if learned_first_head else 3
+    assert heads.fc1.out_features == learned * 5 and heads.fc2_weight.shape == (learned, 8, 5)
+    x = torch.randn(3, 2, 8)
+    every = heads(x)
+    assert every.shape == (3, 2, 4, 8)
+    assert torch.allclose(heads(x, [3, 1]), every[..., [3, 1], :], atol=1e-6)
+    assert torch.allclose(heads(x, [0, 1]), every[..., :2, :], atol=1e-6)
+    # Head i is its own FFN: d -> d_ff -> d, added to the state.
+    i = 2 - (0 if learned_first_head else 1)
+    w1, b1 = heads.fc1.weight[i * 5:(i + 1) * 5], heads.fc1.bias[i * 5:(i + 1) * 5]
+    expected = x + torch.relu(x @ w1.T + b1) @ heads.fc2_weight[i].T + heads.fc2_bias[i]
+    assert torch.allclose(every[..., 2, :], expected, atol=1e-5)
+    # A block of 2 (p_1 and head 2) cannot depend on the weights of heads 3 and 4.
+    with torch.no_grad():
+        heads.fc1.weight[(i + 1) * 5:] = float("nan")
+        heads.fc2_weight[i + 1:] = float("nan")
+    assert torch.isfinite(heads(x, [0, 1, 2])).all()
+
+
+def test_a_frozen_base_trains_its_heads_without_dropout_in_the_base():
+    dictionary = word_dictionary()
+    args = argparse.Namespace(blockwise_heads=HEADS, blockwise_freeze_base=True)
+    blockwise_transformer_tiny(args)
+    model = BlockwiseTransformerModel.build_model(args, DictionaryTask(dictionary)).train()
+    assert model.decoder.proposal_heads.training and model.decoder.proposal_heads.dropout.training
+    assert not model.encoder.training and not any(layer.training for layer in model.decoder.layers)
+    assert not model.decoder.dropout_module.training
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(name.startswith("decoder.proposal_heads.") for name in trainable)
+    args.blockwise_freeze_base = False
+    unfrozen = BlockwiseTransformerModel.build_model(args, DictionaryTask(dictionary)).train()
+    assert unfrozen.encoder.training and all(layer.training for layer in unfrozen.decoder.layers)
 
 
 @pytest.mark.parametrize("learned_first_head", [False, True])
@@ -87,15 +128,21 @@ def test_ragged_block_decoding_with_rollback_equals_the_full_forward_pass(learne
         assert torch.allclose(logits, decoder.head_logits(full, [0]).squeeze(-2), atol=1e-5)
 
 
+def copying_heads(model):
+    """Heads that repeat p_1's guess (zero residual)."""
+    for name, parameter in model.decoder.proposal_heads.named_parameters():
+        if name.startswith("fc2"):
+            torch.nn.init.zeros_(parameter)
+
+
 @pytest.mark.parametrize("max_len_b", [3, 25])
-@pytest.mark.parametrize("heads", ["random", "copying"])
+@pytest.mark.parametrize("heads", ["random", "copying", "separate"])
 def test_exact_acceptance_equals_stock_greedy_on_a_random_model(max_len_b, heads):
-    model, dictionary = random_model()
+    model, dictionary = random_model(layout="separate" if heads == "separate" else "joint")
     if heads == "copying":
         # Heads that repeat p_1's guess: this random model repeats one token, so whole blocks are accepted
         # and cut by the forced EOS at max_len, exercising multi-token acceptance and rollback.
-        torch.nn.init.zeros_(model.decoder.proposal_heads.fc2.weight)
-        torch.nn.init.zeros_(model.decoder.proposal_heads.fc2.bias)
+        copying_heads(model)
         with torch.no_grad():  # and EOS only when forced, so outputs run to max_len
             model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
     sample = random_batch(dictionary, bsz=8)
@@ -111,6 +158,79 @@ def test_exact_acceptance_equals_stock_greedy_on_a_random_model(max_len_b, heads
         assert stats["sentences"] == 8 and stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
         if heads == "copying" and block_size > 1 and max_len_b > 3:
             assert stats["mean_accepted_block_size"] > block_size - 1
+
+
+def count_output_projections(decoder):
+    """Wrap the decoder's output projections so that each call's input shape and vocabulary are recorded."""
+    calls = []
+    project = decoder.project
+
+    def counted(x, vocab=0):
+        calls.append((tuple(x.shape), vocab))
+        return project(x, vocab)
+
+    decoder.project = counted
+    decoder.output_layer = lambda x: pytest.fail("blockwise decoding must use decoder.project")  # noqa: E731
+    return calls
+
+
+@pytest.mark.parametrize("block_size", [1, 3, HEADS])
+def test_one_output_projection_per_decoder_call_for_verification_and_proposals(block_size):
+    model, dictionary = random_model(layout="separate")
+    calls = count_output_projections(model.decoder)
+    generator = BlockwiseGenerator(model, dictionary, block_size, max_len_b=25)
+    generator.generate([model], random_batch(dictionary, bsz=1))
+    stats = generator.generation_stats()
+    assert len(calls) == stats["decoder_invocations"] > 1
+    # Each call projects p_1's row and the k - 1 heads' rows at every fed position together: (1, m, k, d).
+    d = model.decoder.output_embed_dim
+    assert calls[0] == ((1, 1, block_size, d), 0)
+    assert all(c == ((1, block_size, block_size, d), 0) for c in calls[1:])
+
+
+def test_a_proposal_vocabulary_keeps_greedy_output_and_proposes_only_frequent_tokens():
+    model, dictionary = random_model(layout="separate")
+    copying_heads(model)  # heads repeat p_1's guess: many proposals are accepted
+    with torch.no_grad():
+        model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=4)
+    expected = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=25).generate([model], sample)
+    vocab = len(dictionary) // 2
+    calls = count_output_projections(model.decoder)
+    generator = BlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, proposal_vocab=vocab)
+    for got, want in zip(generator.generate([model], sample), expected):
+        assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+    # Per call: p_1's rows over the whole vocabulary once, the heads' rows over the first `vocab` entries.
+    assert [v for _shape, v in calls] == [0, vocab] * generator.generation_stats()["decoder_invocations"]
+    proposed = []
+    original = generator._proposals
+    generator._proposals = lambda logits: proposed.append(original(logits)[0]) or original(logits)
+    generator.generate([model], sample)
+    assert proposed and all(int(p.max()) < vocab for p in proposed)
+    accepted_all = generator.generation_stats()["mean_accepted_block_size"]
+    assert accepted_all > 1.0
+
+
+@pytest.mark.parametrize("layout", ["joint", "separate"])
+def test_adaptive_block_size_keeps_greedy_output_and_feeds_fewer_tokens(layout):
+    model, dictionary = random_model(layout=layout)
+    with torch.no_grad():  # EOS only when forced at max_len: long outputs
+        model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=8)
+    expected = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=25).generate([model], sample)
+    fed = {}
+    thresholds = (0.0, 1e-12, 0.3, 0.99, 0.9999)
+    for threshold in thresholds:
+        generator = BlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, adaptive_threshold=threshold)
+        for got, want in zip(generator.generate([model], sample), expected):
+            assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+            assert torch.allclose(got[0]["positional_scores"], want[0]["positional_scores"], atol=1e-4)
+        stats = generator.generation_stats()
+        fed[threshold] = stats["mean_block_fed"]
+    assert fed[0.0] == fed[1e-12] == HEADS  # every head clears a threshold of ~0
+    # A higher threshold never feeds more; the strictest cuts blocks to p_1's token alone here.
+    assert all(fed[a] >= fed[b] for a, b in zip(thresholds, thresholds[1:]))
+    assert fed[0.9999] == 1.0
 
 
 def test_min_block_size_and_approximate_acceptance_accept_more_per_iteration():
@@ -205,10 +325,54 @@ def test_blockwise_checkpoint_still_decodes_with_stock_beam_search(blockwise_tra
     assert hypotheses(ours.stdout)[0] == hypotheses(base.stdout)[0]  # frozen base, p_1 = identity
 
 
+def test_fine_tuning_trains_p1_every_batch_and_pulls_it_to_the_teacher(blockwise_trained):
+    from fairseq import checkpoint_utils
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([blockwise_trained["blockwise"]])
+    model = models[0]
+    dictionary = task.target_dictionary
+    target = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 1, 1]])
+    prev = torch.tensor([[2, 5, 6, 7, 8], [2, 9, 10, 2, 1]])
+    sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},
+              "target": target, "ntokens": 8}
+    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(
+        task, False, 0.0, blockwise_loss="sample", blockwise_teacher_checkpoint=blockwise_trained["checkpoint"],
+        blockwise_teacher_weight=2.0)
+    model.train()
+    for parameter in model.parameters():  # fine-tuning: the base is trainable, so p_1 can change
+        parameter.requires_grad = True
+    model.freeze_base = False
+    for _ in range(5):  # p_1 (head 0) and one proposal head, every batch
+        heads = criterion.heads_to_train(model)
+        assert heads[0] == 0 and len(heads) == 2 and 1 <= heads[1] < HEADS
+    model.eval()
+    # The teacher is the base the heads were trained on: p_1 = identity of it, so the KL is 0.
+    _, _, logs = criterion(model, sample)
+    assert abs(float(logs["teacher_kl"])) < 1e-4
+    with torch.no_grad():  # move the student's p_1 away from the teacher
+        model.decoder.layers[-1].fc2.bias.add_(torch.randn_like(model.decoder.layers[-1].fc2.bias))
+    loss, _, logs = criterion(model, sample)
+    student = torch.log_softmax(model(**sample["net_input"])[0], -1)
+    teacher = torch.log_softmax(criterion._teacher[0](**sample["net_input"])[0], -1)
+    mask = target.ne(dictionary.pad())
+    expected = (teacher.exp() * (teacher - student)).sum(-1).masked_select(mask).sum()
+    assert float(logs["teacher_kl"]) > 0.01 and torch.allclose(logs["teacher_kl"], expected, atol=1e-4)
+    no_teacher = BlockwiseLabelSmoothedCrossEntropyCriterion(task, False, 0.0)
+    plain, _, _ = no_teacher(model, sample)
+    assert torch.allclose(loss, plain + 2.0 * expected, atol=1e-3)  # the KL is not divided by the head count
+    assert trainable_parameters(criterion) == 0  # the teacher is neither trained nor saved
+
+
+def trainable_parameters(module):
+    return sum(p.numel() for p in module.parameters())
+
+
 @pytest.mark.parametrize("which, flags, message", [
     ("blockwise", ["--block-size", 5], "--block-size 5: the model has 4 proposal heads"),
     ("blockwise", ["--block-acceptance", "topk", "--block-topk", 0], "--block-topk 0: must be at least 1"),
     ("blockwise", ["--min-block-size", 9], "--min-block-size 9: must be 1..4"),
+    ("blockwise", ["--block-adaptive-threshold", 1.5], "--block-adaptive-threshold 1.5: must be in (0, 1)"),
+    ("blockwise", ["--block-proposal-vocab", 100000], "--block-proposal-vocab 100000: must be 0"),
     ("blockwise", ["--beam", 5], "--beam (blockwise decoding is greedy"),
     ("checkpoint", [], "--path: the checkpoint holds a TransformerModel, not a blockwise_transformer"),
 ])

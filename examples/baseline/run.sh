@@ -6,7 +6,9 @@
 #
 # Usage: examples/baseline/run.sh [MULTI30K_DIR] [WORK_DIR]
 #   env: EPOCHS (20), STAGES ("prepare train evaluate bench"), BENCH_JSON (docs/results/baseline.json),
-#        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3)
+#        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3),
+#        RANKS (1): train with this many CPU processes of one thread each (fairseq DDP over gloo), each on
+#        4096/RANKS tokens a batch, so an update still sees 4096 tokens; PORT (29511) for their rendezvous
 set -euo pipefail
 RAW=${1:-../shared/data/multi30k}
 WORK=${2:-work/baseline}
@@ -25,14 +27,29 @@ if stage prepare && [[ ! -f $WORK/data/prepare.json ]]; then
   record fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size 8000 --workers 2
 fi
 
+RANKS=${RANKS:-1}
+train() {  # fairseq-train with the given flags, on RANKS one-thread processes (DDP) when RANKS > 1
+  if (( RANKS == 1 )); then record fairseq-train "$@" --max-tokens 4096; return; fi
+  local pids=() rank
+  for (( rank = 0; rank < RANKS; rank++ )); do
+    # Only rank 0 logs to the console (fairseq's own rule); every rank gets one thread.
+    OMP_NUM_THREADS=1 record fairseq-train "$@" --max-tokens $(( 4096 / RANKS )) --cpu \
+      --distributed-world-size "$RANKS" --distributed-rank "$rank" --distributed-no-spawn \
+      --distributed-backend gloo --ddp-backend legacy_ddp \
+      --distributed-init-method "tcp://127.0.0.1:${PORT:-29511}" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+}
+
 if stage train; then
-  record fairseq-train "$WORK/data/bin" --user-dir "$USER_DIR" \
+  train "$WORK/data/bin" --user-dir "$USER_DIR" \
     --task translation --source-lang en --target-lang de \
     --arch baseline_transformer_multi30k \
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
     --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 4096 --max-epoch "$EPOCHS" --seed 1 \
+    --max-epoch "$EPOCHS" --seed 1 \
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
     --log-format simple --log-interval 100
 fi

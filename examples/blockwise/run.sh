@@ -1,34 +1,39 @@
 #!/usr/bin/env bash
 # Blockwise parallel decoding (Stern et al. 2018) on Multi30k en->de, on top of the baseline transformer.
 #
-#   distill : the baseline beam-decodes the training set (fairseq-generate --beam 5); its output becomes the
-#             distilled training set (sequence-level knowledge distillation), binarized with the same dictionaries
-#   train   : blockwise_transformer models warm-started from the baseline checkpoint, four variants
-#             regular   = base frozen, original data      distilled = base frozen, distilled data
+#   distill : the baseline greedy-decodes the training set (self-distillation: with exact acceptance the heads
+#             must predict greedy decoding's next tokens), and, for the paper's distilled variants, beam-decodes
+#             it (sequence-level knowledge distillation); both binarized with the baseline's dictionaries
+#   train   : blockwise_transformer models warm-started from the baseline checkpoint:
+#             self      = base frozen, heads trained on the base's own greedy outputs (the exact setting)
+#             regular   = base frozen, original data      distilled = base frozen, beam-distilled data
 #             finetuned = all parameters, original data    both      = all parameters, distilled data
-#             (the fine-tuned ones continue from the frozen ones of the same data)
+#             (the fine-tuned ones continue from the frozen ones of the same data). Frozen variants train
+#             to a plateau of the heads' mean validation accuracy (proposal_accuracy, patience 3)
 #   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
-#   env: STAGES ("distill train evaluate bench"), VARIANTS ("regular distilled finetuned both"),
-#        K (heads per model, 10), FFN_DIM (heads' hidden units per head; default the base's d_ff),
-#        LOSS (mean|sample, the criterion's --blockwise-loss), UPDATES (frozen variants, 350),
-#        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10"),
+#   env: STAGES ("distill train evaluate bench"), VARIANTS ("self"), K (heads per model, 10),
+#        LAYOUT (separate|joint, the heads' --blockwise-head-layout: separate), FFN_DIM (hidden units per
+#        head; default the base's d_ff, the paper's size), LOSS (mean|sample, --blockwise-loss),
+#        EPOCHS (frozen variants' cap, 40), PATIENCE (3), MINUTES (frozen variants' wall-clock cap, none),
+#        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10", capped at K),
 #        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json),
-#        BEST_VARIANT (regular: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
+#        BEST_VARIANT (self: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
 #        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/blockwise}
 STAGES=${STAGES:-distill train evaluate bench}
-VARIANTS=${VARIANTS:-regular distilled finetuned both}
+VARIANTS=${VARIANTS:-self}
 K=${K:-10}
+LAYOUT=${LAYOUT:-separate}
 FFN_DIM=${FFN_DIM:-}
 LOSS=${LOSS:-mean}
-BLOCK_SIZES=${BLOCK_SIZES:-1 2 4 6 8 10}
+BLOCK_SIZES=$(for k in ${BLOCK_SIZES:-1 2 4 6 8 10}; do (( k <= K )) && echo "$k"; done)
 BENCH_JSON=${BENCH_JSON:-docs/results/blockwise.json}
 USER_DIR=$(fairseq-plugins user-dir)
 BASE_CKPT=$BASE/checkpoints/checkpoint_best.pt
@@ -39,38 +44,55 @@ mkdir -p "$WORK"
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
 
-# ---- sequence-level distillation ------------------------------------------------------------------------
+# ---- self-distillation (greedy) and sequence-level distillation (beam 5) ---------------------------------
+SELF_DISTILL=$WORK/self_distill
 DISTILL=$WORK/distill
-stage distill && distill_training_set "$BASE" "$DISTILL"
+if stage distill; then
+  [[ " $VARIANTS " == *" self "* ]] && distill_training_set "$BASE" "$SELF_DISTILL" --beam 1
+  [[ " $VARIANTS " == *" distilled "* || " $VARIANTS " == *" both "* ]] && distill_training_set "$BASE" "$DISTILL"
+fi
 
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------
-UPDATES=${UPDATES:-350}
-FINETUNE_UPDATES=${FINETUNE_UPDATES:-200}
-variant_updates() { case $1 in regular|distilled) echo "$UPDATES" ;; *) echo "$FINETUNE_UPDATES" ;; esac; }
+hours() { python -c "print($1 / 60)"; }
+# Frozen variants: a plateau of the heads' mean validation accuracy, within EPOCHS (and MINUTES if given);
+# fine-tuned ones: FINETUNE_UPDATES.
+variant_stop() {
+  case $1 in
+    self|regular|distilled)
+      echo "--max-epoch ${EPOCHS:-40} --patience ${PATIENCE:-3} --best-checkpoint-metric proposal_accuracy"
+      echo "--maximize-best-checkpoint-metric ${MINUTES:+--stop-time-hours $(hours "$MINUTES")}" ;;
+    *) echo "--max-update ${FINETUNE_UPDATES:-200}" ;;
+  esac
+}
 # Fine-tuning starts from the frozen variant's heads: unfreezing a base under freshly initialised heads lets
 # their large early gradients pull the base away from its own predictions (measured: head-1 validation
-# accuracy fell from 67% to 42% in 350 updates).
+# accuracy fell from 67% to 42% in 350 updates). A frozen base runs without dropout (the model keeps it in
+# evaluation mode), so --dropout only acts in the heads.
 variant_flags() {  # data dir, warm-start checkpoint, then extra fairseq-train flags, of one variant
+  local frozen="--blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3} --dropout 0.1"
   case $1 in
-    regular)   echo "$BASE/data/bin --blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
-    distilled) echo "$DISTILL/bin --blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3}" ;;
+    self)      echo "$SELF_DISTILL/bin $frozen" ;;
+    regular)   echo "$BASE/data/bin $frozen" ;;
+    distilled) echo "$DISTILL/bin $frozen" ;;
     finetuned) echo "$BASE/data/bin --blockwise-base-checkpoint $WORK/regular/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
     both)      echo "$DISTILL/bin --blockwise-base-checkpoint $WORK/distilled/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
-    *) echo "unknown variant $1 (regular distilled finetuned both)" >&2; exit 2 ;;
+    *) echo "unknown variant $1 (self regular distilled finetuned both)" >&2; exit 2 ;;
   esac
 }
 if stage train; then
   for variant in $VARIANTS; do
+    mkdir -p "$WORK/$variant"
     # shellcheck disable=SC2046  # word splitting of the variant's flags is intended
     record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \
       --task blockwise_translation --source-lang en --target-lang de \
-      --arch blockwise_transformer_multi30k --blockwise-heads "$K" ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
+      --arch blockwise_transformer_multi30k --blockwise-heads "$K" --blockwise-head-layout "$LAYOUT" \
+      ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
       --criterion blockwise_label_smoothed_cross_entropy --blockwise-loss "$LOSS" --label-smoothing 0.1 \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
-      --max-tokens 4096 --max-update "$(variant_updates "$variant")" --seed 1 \
-      --save-dir "$WORK/$variant/checkpoints" --no-epoch-checkpoints --keep-last-epochs 1 \
-      --log-format simple --log-interval 50
+      --max-tokens 4096 $(variant_stop "$variant") --seed 1 \
+      --save-dir "$WORK/$variant/checkpoints" --no-epoch-checkpoints \
+      --log-format simple --log-interval 50 2>&1 | tee "$WORK/$variant/train.log"
   done
 fi
 
@@ -98,7 +120,7 @@ if stage evaluate; then
 fi
 
 if stage bench; then
-  BEST=${BEST_VARIANT:-regular}
+  BEST=${BEST_VARIANT:-self}
   # Speedup against k (paper Fig. 4): one thread, batch 1, on a subset (SKIP_SWEEP=1 keeps an earlier sweep).
   if [[ ${SKIP_SWEEP:-0} != 1 ]]; then
     rm -f "${RESULTS}_speed_vs_k.json"

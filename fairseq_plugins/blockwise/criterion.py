@@ -4,11 +4,18 @@ Head i (1-based) at decoder position j predicts target token j + i - 1, so its t
 shifted left by i - 1 (positions past the end are padding and ignored). The loss is the mean of the heads'
 losses or, with ``--blockwise-loss sample``, the loss of one head drawn uniformly per batch (the paper's
 unbiased estimate of that mean, which computes one head's logits instead of k). Validation always scores
-every head. Each head's loss and accuracy are logged as ``head<i>_nll_loss`` and ``head<i>_accuracy``.
+every head. Each head's loss and accuracy are logged as ``head<i>_nll_loss`` and ``head<i>_accuracy``, and
+the mean accuracy of heads 2..k as ``proposal_accuracy`` (a checkpoint metric for frozen-base training).
+
+Fine-tuning (base unfrozen, or a learned p_1): p_1 is trained in every batch (with ``sample``, p_1's loss plus
+one other head's), and ``--blockwise-teacher-checkpoint`` adds ``--blockwise-teacher-weight`` times the KL
+divergence from the frozen teacher's distribution (the base before fine-tuning) to p_1's, so p_1 stays
+close to the model whose greedy output the heads were trained to predict.
 """
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +28,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 
+from ..common.textio import InputError
+
 BLOCKWISE_LOSS_CHOICES = ChoiceEnum(["mean", "sample"])
 
 
@@ -29,18 +38,62 @@ class BlockwiseLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterio
     blockwise_loss: BLOCKWISE_LOSS_CHOICES = field(
         default="mean",
         metadata={"help": "mean: average the losses of all k heads; sample: one head per batch, drawn "
-                          "uniformly among the heads that have trainable parameters (paper section 6)"},
+                          "uniformly among the heads that have trainable parameters (paper section 6); when "
+                          "p_1 can change (fine-tuning), p_1's loss is added in every batch"},
+    )
+    blockwise_teacher_checkpoint: Optional[str] = field(
+        default=None,
+        metadata={"help": "fine-tuning: a frozen teacher (a fairseq transformer or blockwise checkpoint of the "
+                          "same dictionaries, e.g. the baseline) whose distribution p_1 is pulled towards"},
+    )
+    blockwise_teacher_weight: float = field(
+        default=1.0, metadata={"help": "weight of the KL(teacher || p_1) term per target token"},
     )
 
 
 @register_criterion("blockwise_label_smoothed_cross_entropy", dataclass=BlockwiseLabelSmoothedCrossEntropyConfig)
 class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 blockwise_loss="mean"):
+                 blockwise_loss="mean", blockwise_teacher_checkpoint=None, blockwise_teacher_weight=1.0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if ignore_prefix_size > 0:
             raise ValueError("--ignore-prefix-size is not supported by blockwise_label_smoothed_cross_entropy")
+        if blockwise_teacher_weight < 0:
+            raise ValueError(f"--blockwise-teacher-weight {blockwise_teacher_weight}: must be >= 0")
         self.blockwise_loss = blockwise_loss
+        self.teacher_weight = blockwise_teacher_weight
+        # A plain attribute holder, not a submodule: the teacher is neither trained nor saved with the model.
+        self._teacher = [self._load_teacher(task, blockwise_teacher_checkpoint)] if blockwise_teacher_checkpoint else []
+
+    @staticmethod
+    def _load_teacher(task, path: str):
+        from fairseq import checkpoint_utils
+
+        flag = f"--blockwise-teacher-checkpoint {path}"
+        try:
+            state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        except FileNotFoundError:
+            raise InputError(f"{flag}: no such file")
+        cfg = state["cfg"]
+        teacher = task.build_model(cfg.model, from_checkpoint=True)
+        try:
+            teacher.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+        except RuntimeError as error:
+            raise InputError(f"{flag}: does not fit this task's dictionaries ({str(error).splitlines()[0]})")
+        for parameter in teacher.parameters():
+            parameter.requires_grad = False
+        return teacher.eval()
+
+    def _teacher_kl(self, model, sample, p1_lprobs, mask):
+        """Sum over target tokens of KL(teacher || p_1)."""
+        teacher = self._teacher[0]
+        device = p1_lprobs.device
+        if next(teacher.parameters()).device != device:
+            teacher.to(device)
+        with torch.no_grad():
+            teacher_lprobs = utils.log_softmax(teacher(**sample["net_input"])[0].float(), dim=-1)
+        kl = (teacher_lprobs.exp() * (teacher_lprobs - p1_lprobs.float())).sum(-1)
+        return kl.masked_select(mask).sum()
 
     def heads_to_train(self, model):
         decoder = model.decoder
@@ -51,8 +104,11 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
             return heads
         base_trainable = any(p.requires_grad for name, p in model.named_parameters()
                              if not name.startswith("decoder.proposal_heads."))
+        p1_trainable = decoder.proposal_heads.learned_first_head or base_trainable
+        if p1_trainable and len(heads) > 1:  # p_1 in every batch, plus one of the proposal heads
+            return [0, 1 + torch.randint(len(heads) - 1, (1,)).item()]
         # Head 1 of a frozen base with p_1 = identity has nothing to train.
-        trainable = [h for h in heads if h > 0 or decoder.proposal_heads.learned_first_head or base_trainable]
+        trainable = [h for h in heads if h > 0 or p1_trainable]
         return [trainable[torch.randint(len(trainable), (1,)).item()]]
 
     def forward(self, model, sample, reduce=True):
@@ -77,6 +133,10 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
             logging_output[f"head{head + 1}_nll_loss"] = nll_loss.data
             logging_output[f"head{head + 1}_n_correct"] = utils.item(n_correct.data)
             logging_output[f"head{head + 1}_total"] = utils.item(mask.sum().data)
+            if head == 0 and self._teacher and self.teacher_weight > 0:
+                kl = self._teacher_kl(model, sample, lprobs, mask)
+                total_loss = total_loss + self.teacher_weight * kl * len(heads)  # not diluted by the head mean
+                logging_output["teacher_kl"] = kl.data
         loss = total_loss / len(heads)
         nll_loss = total_nll / len(heads)
         sample_size = target.size(0) if self.sentence_avg else sample["ntokens"]
@@ -86,7 +146,12 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
+        kl = sum(log.get("teacher_kl", 0) for log in logging_outputs)
+        if any("teacher_kl" in log for log in logging_outputs):
+            ntokens = sum(log.get("ntokens", 0) for log in logging_outputs)
+            metrics.log_scalar("teacher_kl", kl / max(ntokens, 1) / math.log(2), ntokens, round=4)
         keys = {k for log in logging_outputs for k in log if k.startswith("head") and k.endswith("_total")}
+        proposal_accuracies = []
         for key in sorted(keys, key=lambda k: int(k[4:-6])):
             head = key[: -len("_total")]
             total = utils.item(sum(log.get(key, 0) for log in logging_outputs))
@@ -96,3 +161,10 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
             correct = utils.item(sum(log.get(f"{head}_n_correct", 0) for log in logging_outputs))
             metrics.log_scalar(f"{head}_nll_loss", nll / total / math.log(2), total, round=3)
             metrics.log_scalar(f"{head}_accuracy", 100.0 * correct / total, total, round=2)
+            if head != "head1":
+                proposal_accuracies.append(100.0 * correct / total)
+        if len(proposal_accuracies) == len(keys) - 1 and proposal_accuracies:
+            # Mean accuracy of heads 2..k (all scored: validation, or --blockwise-loss mean): what decides the
+            # accepted block; a checkpoint metric (--best-checkpoint-metric proposal_accuracy
+            # --maximize-best-checkpoint-metric).
+            metrics.log_scalar("proposal_accuracy", sum(proposal_accuracies) / len(proposal_accuracies), 1, round=2)

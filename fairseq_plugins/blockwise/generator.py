@@ -4,10 +4,12 @@ State per sentence: the accepted prefix (its keys and values live in fairseq's `
 decoder state at the last accepted token, and p_1's log-probabilities there. Each iteration:
 
 1. predict: p_1's (constrained) argmax is the next token, certain under greedy decoding; heads 2..k of
-   the same state propose the k - 1 tokens after it;
-2. verify + propose (one call, paper section 4): the k-token block runs against the cache with a causal
-   mask; p_1 at block position i checks the proposal at i + 1, and the heads at every position are the
-   proposals for the next iteration;
+   the same state propose the k - 1 tokens after it (computed by the previous call);
+2. verify + propose (one decoder call and one output-projection matmul, paper section 4): the block runs
+   against the cache with a causal mask; p_1 at block position i checks the proposal at i + 1, and the
+   heads at every position propose for the next iteration, whichever position ends up the last accepted.
+   p_1's rows and the heads' rows go through the output projection together, so its weights are read
+   once per call; acceptance needs only argmaxes, and the scores of accepted tokens a logsumexp per row;
 3. accept: the longest verified prefix of the block (``exact``: it equals p_1's argmax; ``topk``: it is
    among p_1's N best; ``distance``: its log-probability is within EPS of the best), at least
    ``--min-block-size`` tokens, cut after EOS. The rejected tail's keys and values are dropped from the
@@ -21,7 +23,9 @@ token-for-token that of ``fairseq-generate --beam 1`` (same constraints: EOS nev
 
 import logging
 import math
-from typing import Dict, List, Optional
+import statistics
+import time
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -36,9 +40,10 @@ class BlockwiseGenerator(MethodGenerator):
     method_name = "blockwise"
 
     def __init__(self, model, tgt_dict, block_size: int, acceptance: str = "exact", topk: int = 2,
-                 distance: float = 1.0, min_block_size: int = 1, max_len_a: float = 0.0, max_len_b: int = 200,
-                 min_len: int = 1, normalize_scores: bool = True, len_penalty: float = 1.0,
-                 unk_penalty: float = 0.0, temperature: float = 1.0):
+                 distance: float = 1.0, min_block_size: int = 1, adaptive_threshold: float = 0.0,
+                 proposal_vocab: int = 0,
+                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, normalize_scores: bool = True,
+                 len_penalty: float = 1.0, unk_penalty: float = 0.0, temperature: float = 1.0):
         self.model = model
         self.decoder = model.decoder
         self.block_size = block_size
@@ -46,25 +51,31 @@ class BlockwiseGenerator(MethodGenerator):
         self.topk = topk
         self.distance = distance
         self.min_block_size = min_block_size
+        self.adaptive_threshold = adaptive_threshold
+        self.proposal_vocab = proposal_vocab
         self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
                                unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=len_penalty)
         self.max_positions = model.max_decoder_positions()
         self.temperature = temperature
         self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
-        self.learned_first_head = self.decoder.proposal_heads.learned_first_head
         self.reset_generation_stats()
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) ------------------
 
     def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0, "batches": 0}
+        self._stats = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0, "batches": 0,
+                       "block_tokens_fed": 0, "blocks_fed": 0}
 
     def generation_stats(self) -> Dict:
         s = dict(self._stats)
         # Mean accepted block size: output tokens per predict-verify-accept iteration of a sentence.
         s["mean_accepted_block_size"] = round(s["tokens"] / s["iterations"], 4) if s["iterations"] else 0.0
+        # Tokens fed per verification call and sentence (k, or fewer with --block-adaptive-threshold).
+        s["mean_block_fed"] = round(s["block_tokens_fed"] / s["blocks_fed"], 4) if s["blocks_fed"] else 0.0
         s["block_size"] = self.block_size
+        s["adaptive_threshold"] = self.adaptive_threshold
+        s["proposal_vocab"] = self.proposal_vocab
         return s
 
     def _log_summary(self) -> None:
@@ -92,23 +103,22 @@ class BlockwiseGenerator(MethodGenerator):
         incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         bos = self.eos if bos_token is None else bos_token
         start = torch.full((bsz, 1), bos, dtype=torch.long, device=device)
-        state = self.decoder.block_features(start, torch.zeros_like(start), encoder_out, incremental_state)[:, 0]
-        self._stats["decoder_invocations"] += 1
-
         rows = torch.arange(bsz, device=device)      # original sentence index of each live row
         generated = torch.zeros(bsz, dtype=torch.long, device=device)  # output tokens so far
-        cached = torch.ones(bsz, dtype=torch.long, device=device)      # valid cache slots (inputs fed)
-        lprobs = self._base_lprobs(state.unsqueeze(1), generated, max_len)[:, 0]   # p_1 at the last accepted input
+        cached = torch.zeros(bsz, dtype=torch.long, device=device)     # valid cache slots (inputs fed)
+        # Per live row, at the last accepted input: p_1's constrained logits and their logsumexp, the heads'
+        # proposals for the tokens after p_1's choice, and how many of them to feed.
+        base, lse, proposals, lengths = self._call(start, cached, generated, encoder_out, incremental_state,
+                                                   max_len, last=torch.zeros_like(rows))[:4]
+        cached = cached + 1
         tokens: List[List[Tensor]] = [[] for _ in range(bsz)]
         scores: List[List[Tensor]] = [[] for _ in range(bsz)]
-        k = self.block_size
-        steps = torch.arange(k, device=device)
 
         while rows.numel() > 0:
-            first_score, first = lprobs.max(dim=-1)
-            block = first.unsqueeze(1)
-            if k > 1:
-                block = torch.cat([block, self._proposals(state)], dim=1)  # (B, k)
+            first_logit, first = base.max(dim=-1)
+            first_score = first_logit - lse
+            width = int(lengths.max()) if self.adaptive_threshold else self.block_size - 1
+            block = torch.cat([first.unsqueeze(1), proposals[:, :width]], dim=1)  # (B, m)
             self._stats["iterations"] += rows.numel()
 
             # Rows whose certain next token is EOS finish without another call.
@@ -117,26 +127,30 @@ class BlockwiseGenerator(MethodGenerator):
                 tokens[rows[r]].append(first[r:r + 1])
                 scores[rows[r]].append(first_score[r:r + 1])
             if done_now.any():
-                encoder_out, (rows, generated, cached, block, first_score) = self._drop_rows(
-                    done_now, incremental_state, encoder_out, (rows, generated, cached, block, first_score))
+                encoder_out, (rows, generated, cached, block, first_score, lengths) = self._drop_rows(
+                    done_now, incremental_state, encoder_out, (rows, generated, cached, block, first_score, lengths))
                 if rows.numel() == 0:
                     break
 
-            positions = (cached.unsqueeze(1) + steps).clamp(max=self.max_positions - 1)
+            m = block.size(1)
+            self._stats["block_tokens_fed"] += rows.numel() * m
+            self._stats["blocks_fed"] += rows.numel()
             physical = self.decoder.cached_length(incremental_state)
-            features = self.decoder.block_features(block, positions, encoder_out, incremental_state)
-            self._stats["decoder_invocations"] += 1
-            # p_1 at block position i predicts output token number generated + i + 1.
-            block_lprobs = self._base_lprobs(features, generated + 1, max_len)  # (B, k, V)
-
-            token_scores = torch.cat(
-                [first_score.unsqueeze(1), block_lprobs[:, :-1].gather(2, block[:, 1:].unsqueeze(2)).squeeze(2)], 1)
-            verified = self._verified(block[:, 1:], block_lprobs[:, :-1], token_scores[:, 1:])
-            accepted = 1 + verified.long().cumprod(dim=1).sum(dim=1)  # (B,) in 1..k
+            block_base, block_lse, block_logits = self._verify_call(block, cached, generated, encoder_out,
+                                                                    incremental_state, max_len)
+            # p_1 at block position i scores the proposal at i + 1.
+            proposed_scores = (block_base[:, :-1].gather(2, block[:, 1:].unsqueeze(2)).squeeze(2)
+                               - block_lse[:, :-1])
+            token_scores = torch.cat([first_score.unsqueeze(1), proposed_scores], 1)
+            verified = self._verified(block[:, 1:], block_base[:, :-1], proposed_scores)
+            if self.adaptive_threshold:  # a row's block ends where its own confident proposals end
+                verified &= torch.arange(m - 1, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+            accepted = 1 + verified.long().cumprod(dim=1).sum(dim=1)  # (B,) in 1..m
             # Cut after the first EOS inside the accepted part.
-            is_eos = block.eq(self.eos) & (steps.unsqueeze(0) < accepted.unsqueeze(1))
+            steps = torch.arange(m, device=device).unsqueeze(0)
+            is_eos = block.eq(self.eos) & (steps < accepted.unsqueeze(1))
             finished = is_eos.any(dim=1)
-            first_eos = torch.where(is_eos, steps.unsqueeze(0), k).min(dim=1).values
+            first_eos = torch.where(is_eos, steps, m).min(dim=1).values
             accepted = torch.where(finished, first_eos + 1, accepted)
 
             for r, (n, row) in enumerate(zip(accepted.tolist(), rows.tolist())):
@@ -144,18 +158,75 @@ class BlockwiseGenerator(MethodGenerator):
                 scores[row].append(token_scores[r, :n])
 
             row_index, last = torch.arange(rows.numel(), device=device), accepted - 1
-            state, lprobs = features[row_index, last], block_lprobs[row_index, last]
+            base, lse = block_base[row_index, last], block_lse[row_index, last]
+            proposals, lengths = self._proposals(block_logits[row_index, last])
             generated = generated + accepted
             self.decoder.rollback_cache(incremental_state, cached, accepted, physical)
             cached = cached + accepted
 
             if finished.any():
-                encoder_out, (rows, generated, cached, state, lprobs) = self._drop_rows(
-                    finished, incremental_state, encoder_out, (rows, generated, cached, state, lprobs))
+                encoder_out, (rows, generated, cached, base, lse, proposals, lengths) = self._drop_rows(
+                    finished, incremental_state, encoder_out, (rows, generated, cached, base, lse, proposals, lengths))
                 if rows.numel() == 0:
                     break
 
         return [self._hypothesis(torch.cat(tokens[i]), torch.cat(scores[i])) for i in range(bsz)]
+
+    # --- cost of one call (bench harness hook) ----------------------------------------------------------
+
+    @torch.no_grad()
+    def step_cost_figures(self, samples: List[Dict], repeats: int = 20, prefix: int = 8) -> Dict:
+        """Time one verify-and-propose call against one greedy step, both on the same cached prefix.
+
+        The greedy step is what fairseq's generator asks of the model per token: the decoder on one token
+        and the log-softmax of its output projection. The call is this generator's per-iteration model work:
+        the decoder on a block of ``block_size`` tokens, one output projection for p_1 and the heads at every
+        block position, p_1's logsumexp, argmaxes. Each sample (batch 1) is encoded and the first ``prefix``
+        tokens of its reference prefix are cached; the two are then timed alternately ``repeats`` times,
+        the cache cut back after each. Returns the median of the per-sample ratios of median times (the
+        paper's speed arithmetic: speed ~ mean accepted block / this ratio) and the medians in milliseconds.
+        """
+        ratios, call_ms, step_ms = [], [], []
+        for sample in samples:
+            net_input = sample["net_input"]
+            device = net_input["src_tokens"].device
+            sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+            encoder_out = self.model.encoder.forward_torchscript(net_input)
+            tokens = net_input["prev_output_tokens"][:1, :prefix]
+            state: Dict[str, Dict[str, Optional[Tensor]]] = {}
+            self.decoder.block_features(tokens, torch.arange(tokens.size(1), device=device).unsqueeze(0),
+                                        encoder_out, state)
+            length = tokens.size(1)
+            cached = torch.tensor([length], device=device)
+            block = tokens[:, -1:].expand(1, self.block_size).contiguous()
+            max_len = self.rules.max_len(net_input["src_tokens"].size(1), self.max_positions - 1)
+            step_input = torch.cat([tokens, tokens[:, -1:]], dim=1)
+            times = {"call": [], "step": []}
+            saved = dict(self._stats)
+            for _ in range(repeats + 1):  # the first of each is a warm-up
+                sync()
+                start = time.perf_counter()
+                logits, _ = self.decoder(step_input, encoder_out=encoder_out, incremental_state=state)
+                torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
+                sync()
+                times["step"].append(time.perf_counter() - start)
+                self.decoder._truncate_cache(state, length)
+                start = time.perf_counter()
+                _base, _lse, block_logits = self._verify_call(block, cached, cached - 1, encoder_out, state, max_len)
+                _base.argmax(dim=-1)
+                self._proposals(block_logits[:, -1])
+                sync()
+                times["call"].append(time.perf_counter() - start)
+                self.decoder._truncate_cache(state, length)
+            self._stats = saved  # timing calls are not decoding
+            call, step = statistics.median(times["call"][1:]), statistics.median(times["step"][1:])
+            ratios.append(call / step)
+            call_ms.append(1000 * call)
+            step_ms.append(1000 * step)
+        return {"call_cost_vs_greedy_step": round(statistics.median(ratios), 4),
+                "call_cost_range": [round(min(ratios), 4), round(max(ratios), 4)],
+                "call_ms": round(statistics.median(call_ms), 4), "greedy_step_ms": round(statistics.median(step_ms), 4),
+                "call_cost_samples": len(samples), "call_cost_repeats": repeats}
 
     def _hypothesis(self, tokens: Tensor, positional_scores: Tensor) -> List[Dict]:
         self._stats["sentences"] += 1
@@ -163,39 +234,61 @@ class BlockwiseGenerator(MethodGenerator):
         return [{"tokens": tokens, "score": self.rules.score(positional_scores), "attention": None, "alignment": None,
                  "positional_scores": positional_scores}]
 
-    def _base_lprobs(self, features: Tensor, first_index: Tensor, max_len: int) -> Tensor:
-        """p_1's log-probabilities (B, m, V) under the stock generator's constraints.
+    def _verify_call(self, block: Tensor, cached: Tensor, generated: Tensor, encoder_out, incremental_state,
+                     max_len: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """One decoder call on ``block`` (B, m) and one output matmul for p_1 and the heads at every position.
 
-        Position i of row b predicts output token number first_index[b] + i: EOS is forbidden before
-        --min-len, and forced at max_len; pad is never produced; --unkpen applies.
+        Returns p_1's constrained logits (B, m, V) and their raw logsumexp (B, m) (position i predicts output
+        token number generated + i + 1), and heads 2..k's logits (B, m, k - 1, V') at every position.
         """
-        if self.learned_first_head:
-            logits = self.decoder.head_logits(features, [0]).squeeze(-2)
-        else:
-            logits = self.decoder.output_layer(features)
+        positions = (cached.unsqueeze(1) + torch.arange(block.size(1), device=block.device)).clamp(
+            max=self.max_positions - 1)
+        features = self.decoder.block_features(block, positions, encoder_out, incremental_state)
+        self._stats["decoder_invocations"] += 1
+        base, proposal_logits = self.decoder.block_logits(features, self.block_size, self.proposal_vocab)
+        base, proposal_logits = base.float(), proposal_logits.float()
         if self.temperature != 1.0:
-            logits = logits / self.temperature
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs[lprobs != lprobs] = -math.inf
-        index = first_index.unsqueeze(1) + torch.arange(lprobs.size(1), device=lprobs.device)
-        return self.rules.apply(lprobs, index, max_len)
+            base, proposal_logits = base / self.temperature, proposal_logits / self.temperature
+        base.masked_fill_(base != base, -math.inf)  # as fairseq does with NaN log-probabilities
+        # log_softmax before the rules, as SequenceGenerator: a score is logit - logsumexp of the raw row.
+        lse = torch.logsumexp(base, dim=-1)
+        index = (generated + 1).unsqueeze(1) + torch.arange(block.size(1), device=block.device)
+        # The rules only mask and shift columns, so on logits they select what they would on log-probabilities.
+        base = self.rules.apply(base, index, max_len)
+        return base, lse, proposal_logits
 
-    def _proposals(self, state: Tensor) -> Tensor:
-        """Heads 2..k at the last accepted state: (B, d) -> (B, k - 1) proposed tokens."""
-        logits = self.decoder.head_logits(state, list(range(1, self.block_size))).float()
+    def _call(self, block, cached, generated, encoder_out, incremental_state, max_len, last: Tensor):
+        """The first call (on BOS): its p_1 row, logsumexp and proposals at block position ``last`` (B,)."""
+        base, lse, logits = self._verify_call(block, cached, generated - 1, encoder_out, incremental_state, max_len)
+        row_index = torch.arange(block.size(0), device=block.device)
+        proposals, lengths = self._proposals(logits[row_index, last])
+        return base[row_index, last], lse[row_index, last], proposals, lengths
+
+    def _proposals(self, logits: Tensor) -> Tuple[Tensor, Tensor]:
+        """Heads 2..k at the last accepted position: logits (B, k - 1, V) -> the proposed tokens (B, k - 1) and
+        how many of them to feed next (B,): all, or with --block-adaptive-threshold those before the first
+        head whose top probability is below the threshold (never fewer than --min-block-size - 1)."""
         logits[..., self.pad] = -math.inf
-        return logits.argmax(dim=-1)
+        top, proposals = logits.max(dim=-1)
+        if not self.adaptive_threshold:
+            return proposals, proposals.new_full((proposals.size(0),), proposals.size(1))
+        confident = (top - torch.logsumexp(logits, dim=-1)) >= math.log(self.adaptive_threshold)
+        lengths = confident.long().cumprod(dim=1).sum(dim=1).clamp(min=self.min_block_size - 1)
+        return proposals, lengths
 
-    def _verified(self, proposed: Tensor, lprobs: Tensor, proposed_scores: Tensor) -> Tensor:
-        """(B, k-1) bool: is the proposal at block position i + 1 acceptable under p_1 at position i?"""
+    def _verified(self, proposed: Tensor, logits: Tensor, proposed_scores: Tensor) -> Tensor:
+        """(B, m-1) bool: is the proposal at block position i + 1 acceptable under p_1 at position i?
+
+        ``logits`` are p_1's constrained logits: argmax, rank and gaps are those of its log-probabilities.
+        """
         allowed = proposed_scores > -math.inf  # never accept what the constraints forbid
         if self.acceptance == "exact":
-            ok = proposed.eq(lprobs.argmax(dim=-1))
+            ok = proposed.eq(logits.argmax(dim=-1))
         elif self.acceptance == "topk":
-            kth_best = lprobs.topk(self.topk, dim=-1).values[..., -1]
-            ok = proposed_scores >= kth_best
+            kth_best = logits.topk(min(self.topk, logits.size(-1)), dim=-1).values[..., -1]
+            ok = logits.gather(2, proposed.unsqueeze(2)).squeeze(2) >= kth_best
         else:  # distance: log-probability gap to p_1's best token
-            ok = proposed_scores >= lprobs.max(dim=-1).values - self.distance
+            ok = logits.gather(2, proposed.unsqueeze(2)).squeeze(2) >= logits.max(dim=-1).values - self.distance
         forced = torch.arange(proposed.size(1), device=proposed.device) < self.min_block_size - 1
         return (ok | forced.unsqueeze(0)) & allowed
 

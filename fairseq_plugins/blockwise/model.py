@@ -12,7 +12,7 @@ The decoder also runs a *block* of several new tokens against its cache in one c
 k in a single invocation.
 """
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -28,28 +28,45 @@ from ..common.incremental import IncrementalState
 from ..common.warm_start import warm_start
 
 
-class ProposalHeads(nn.Module):
-    """One FFN (d -> k*d_ff -> k*d, ReLU) whose k output slices are added to the decoder state.
+HEAD_LAYOUTS = ("joint", "separate")
 
-    With ``learned_first_head`` False, head 1 is the identity and the FFN only produces heads 2..k.
+
+class ProposalHeads(nn.Module):
+    """k proposal heads: residual feed-forward layers whose outputs go to the model's output projection.
+
+    ``joint`` (the paper's): one FFN d -> k*d_ff -> k*d, ReLU, whose k output slices are added to the decoder
+    state; every head reads the whole k*d_ff hidden layer, so even a block of 2 pays for the hidden units of
+    all k heads. ``separate``: head i has its own FFN d -> d_ff -> d, so a block of k' < k heads reads only
+    those heads' weights (at batch 1 a step is bound by weight reading). With ``learned_first_head`` False,
+    head 1 is the identity and only heads 2..k have weights.
     """
 
     def __init__(self, embed_dim: int, ffn_dim_per_head: int, num_heads: int, learned_first_head: bool,
-                 dropout: float):
+                 dropout: float, layout: str = "joint"):
         super().__init__()
         assert num_heads >= 1, f"a blockwise model needs at least one head, got {num_heads}"
+        assert layout in HEAD_LAYOUTS, f"unknown head layout {layout!r}"
         self.embed_dim = embed_dim
+        self.ffn_dim = ffn_dim_per_head
         self.num_heads = num_heads
         self.learned_first_head = learned_first_head
+        self.layout = layout
         self.num_learned = num_heads if learned_first_head else num_heads - 1
         self.dropout = nn.Dropout(dropout)
         if self.num_learned > 0:
-            self.fc1 = nn.Linear(embed_dim, num_heads * ffn_dim_per_head)
-            self.fc2 = nn.Linear(num_heads * ffn_dim_per_head, self.num_learned * embed_dim)
+            hidden = (num_heads if layout == "joint" else self.num_learned) * ffn_dim_per_head
+            self.fc1 = nn.Linear(embed_dim, hidden)
+            if layout == "joint":
+                self.fc2 = nn.Linear(hidden, self.num_learned * embed_dim)
+                fc2_weight, fc2_bias = self.fc2.weight, self.fc2.bias
+            else:  # one (d, d_ff) output matrix per learned head
+                self.fc2_weight = nn.Parameter(torch.empty(self.num_learned, embed_dim, ffn_dim_per_head))
+                self.fc2_bias = nn.Parameter(torch.empty(self.num_learned, embed_dim))
+                fc2_weight, fc2_bias = self.fc2_weight, self.fc2_bias
             # Start each learned head at the identity (zero residual): heads begin as copies of the base,
             # a better starting point than noise for a warm-started model.
-            nn.init.zeros_(self.fc2.weight)
-            nn.init.zeros_(self.fc2.bias)
+            nn.init.zeros_(fc2_weight)
+            nn.init.zeros_(fc2_bias)
 
     def forward(self, x: Tensor, heads: Optional[Sequence[int]] = None) -> Tensor:
         """x: (..., d) decoder states -> (..., len(heads), d), heads 0-based (default: all k)."""
@@ -57,18 +74,7 @@ class ProposalHeads(nn.Module):
         learned = [h if self.learned_first_head else h - 1 for h in heads]
         needed = [j for j in learned if j >= 0]
         if needed:
-            hidden = self.dropout(F.relu(self.fc1(x)))
-            d = self.embed_dim
-            # Only the output rows of the requested heads are computed (one head per batch in training
-            # with --blockwise-loss sample, the block size's heads at inference).
-            if needed == list(range(needed[0], needed[-1] + 1)):  # contiguous heads: a view, no copy
-                weight = self.fc2.weight[needed[0] * d:(needed[-1] + 1) * d]
-                bias = self.fc2.bias[needed[0] * d:(needed[-1] + 1) * d]
-            else:
-                rows = torch.tensor(needed, device=x.device)
-                row_index = (rows.unsqueeze(1) * d + torch.arange(d, device=x.device)).view(-1)
-                weight, bias = self.fc2.weight.index_select(0, row_index), self.fc2.bias.index_select(0, row_index)
-            deltas = F.linear(hidden, weight, bias).view(*x.shape[:-1], len(needed), d)
+            deltas = self._deltas(x, needed)
         outputs = []
         next_needed = 0
         for j in learned:
@@ -79,6 +85,37 @@ class ProposalHeads(nn.Module):
                 next_needed += 1
         return torch.stack(outputs, dim=-2)
 
+    def _deltas(self, x: Tensor, needed: List[int]) -> Tensor:
+        """The residuals (..., len(needed), d) of the learned heads ``needed`` (0-based among learned heads).
+
+        Only the weights of those heads are read: fc2's rows in the joint layout, fc1's and fc2's blocks in
+        the separate one.
+        """
+        d, h = self.embed_dim, self.ffn_dim
+        if self.layout == "joint":
+            hidden = self.dropout(F.relu(self.fc1(x)))
+            weight, bias = _row_blocks(self.fc2.weight, needed, d), _row_blocks(self.fc2.bias, needed, d)
+            return F.linear(hidden, weight, bias).view(*x.shape[:-1], len(needed), d)
+        w1, b1 = _row_blocks(self.fc1.weight, needed, h), _row_blocks(self.fc1.bias, needed, h)
+        hidden = self.dropout(F.relu(F.linear(x, w1, b1))).view(-1, len(needed), h)
+        if needed == list(range(needed[0], needed[-1] + 1)):
+            w2, b2 = self.fc2_weight[needed[0]:needed[-1] + 1], self.fc2_bias[needed[0]:needed[-1] + 1]
+        else:
+            index = torch.tensor(needed, device=x.device)
+            w2, b2 = self.fc2_weight.index_select(0, index), self.fc2_bias.index_select(0, index)
+        # Head by head: (n, N_rows, h) x (n, h, d) -> (n, N_rows, d), one batched matmul.
+        deltas = torch.bmm(hidden.transpose(0, 1), w2.transpose(1, 2)).transpose(0, 1) + b2
+        return deltas.reshape(*x.shape[:-1], len(needed), d)
+
+
+def _row_blocks(weight: Tensor, blocks: List[int], size: int) -> Tensor:
+    """Rows [b*size, (b+1)*size) of ``weight`` for each b in ``blocks``, in that order (a view when contiguous)."""
+    if blocks == list(range(blocks[0], blocks[-1] + 1)):
+        return weight[blocks[0] * size:(blocks[-1] + 1) * size]
+    rows = torch.tensor(blocks, device=weight.device)
+    index = (rows.unsqueeze(1) * size + torch.arange(size, device=weight.device)).view(-1)
+    return weight.index_select(0, index)
+
 
 class BlockwiseTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
@@ -88,7 +125,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
                              "head reuses the plain output projection)")
         self.proposal_heads = ProposalHeads(
             self.output_embed_dim, args.blockwise_ffn_dim, args.blockwise_heads,
-            args.blockwise_learned_first_head, args.dropout,
+            args.blockwise_learned_first_head, args.dropout, layout=args.blockwise_head_layout,
         )
 
     @property
@@ -96,8 +133,36 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         return self.proposal_heads.num_heads
 
     def head_logits(self, features: Tensor, heads: Optional[Sequence[int]] = None) -> Tensor:
-        """features (..., d) from ``forward(features_only=True)`` -> logits (..., len(heads), V)."""
+        """features (..., d) from ``forward(features_only=True)`` -> logits (..., len(heads), V).
+
+        Every requested head's rows go through the output projection in one matmul, so its weights are read
+        once however many heads ask for it.
+        """
         return self.output_layer(self.proposal_heads(features, heads))
+
+    def block_logits(self, features: Tensor, num_heads: int, proposal_vocab: int = 0) -> Tuple[Tensor, Tensor]:
+        """What one blockwise iteration needs at every fed position: p_1's logits (..., V) and heads 2..k's
+        (..., k - 1, V'), V' = ``proposal_vocab`` (the most frequent tokens: fairseq dictionaries list them
+        first; 0 = all).
+
+        With the full vocabulary both come from one product with the output projection, so its weights are
+        read once; a proposal vocabulary keeps p_1 exact (one full product) and makes the heads' rows cheap.
+        """
+        rows = self.proposal_heads(features, range(num_heads))
+        if not proposal_vocab or num_heads == 1:
+            logits = self.project(rows)
+            return logits[..., 0, :], logits[..., 1:, :]
+        return self.project(rows[..., 0, :]), self.project(rows[..., 1:, :], proposal_vocab)
+
+    def project(self, x: Tensor, vocab: int = 0) -> Tensor:
+        """The output projection of ``x`` (..., d) -> (..., V), or onto the first ``vocab`` entries only."""
+        weight = self.output_projection.weight
+        if vocab:
+            weight = weight[:vocab]
+        flat = x.reshape(-1, x.size(-1))
+        # (W x^T)^T rather than x W^T: MKL multiplies a few rows by an 8k x 256 matrix 1.2-1.8x faster this way
+        # round on the CPUs measured (4-32 rows, one thread); the result is a transposed view, not a copy.
+        return torch.mm(weight, flat.t()).t().reshape(*x.shape[:-1], weight.size(0))
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 **kwargs):
@@ -179,6 +244,10 @@ class BlockwiseTransformerModel(TransformerModel):
         parser.add_argument("--blockwise-ffn-dim", type=int, metavar="N",
                             help="hidden units of the heads' feed-forward layer per head (total k*N; "
                                  "default: --decoder-ffn-embed-dim, the paper's k * d_ff)")
+        parser.add_argument("--blockwise-head-layout", choices=HEAD_LAYOUTS, metavar="LAYOUT",
+                            help="joint: one FFN d -> k*N -> k*d shared by the heads (the paper's); separate: "
+                                 "one FFN d -> N -> d per head, so decoding with --block-size k' reads only "
+                                 "k' heads' weights (default: joint)")
         parser.add_argument("--blockwise-learned-first-head", action="store_true", default=None,
                             help="learn p_1 too instead of keeping the base model's predictions exactly")
         parser.add_argument("--blockwise-freeze-base", action="store_true", default=None,
@@ -187,11 +256,23 @@ class BlockwiseTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        blockwise_defaults(args, num_heads=getattr(args, "blockwise_heads", None) or 10)  # older checkpoints
         model = super().build_model(args, task)
-        if args.blockwise_freeze_base:
+        model.freeze_base = bool(args.blockwise_freeze_base)
+        if model.freeze_base:
             for name, parameter in model.named_parameters():
                 parameter.requires_grad = name.startswith("decoder.proposal_heads.")
         return model
+
+    def train(self, mode: bool = True):
+        """A frozen base stays in evaluation mode (no dropout) while its heads train: the heads then learn
+        from the decoder states that decoding will give them."""
+        super().train(mode)
+        if mode and getattr(self, "freeze_base", False):
+            for name, module in self.named_modules():
+                if name and not name.startswith("decoder.proposal_heads") and not name == "decoder":
+                    module.eval()
+        return self
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -209,6 +290,8 @@ def blockwise_defaults(args, num_heads: int = 10):
         args.blockwise_heads = num_heads
     if getattr(args, "blockwise_ffn_dim", None) is None:
         args.blockwise_ffn_dim = args.decoder_ffn_embed_dim
+    if getattr(args, "blockwise_head_layout", None) is None:
+        args.blockwise_head_layout = "joint"  # also what checkpoints saved before the flag existed hold
     args.blockwise_learned_first_head = bool(getattr(args, "blockwise_learned_first_head", False))
     args.blockwise_freeze_base = bool(getattr(args, "blockwise_freeze_base", False))
 

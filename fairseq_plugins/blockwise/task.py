@@ -44,6 +44,16 @@ class BlockwiseTranslationConfig(TranslationConfig):
         default=1, metadata={"help": "accept at least this many tokens per iteration even if verification "
                                      "fails (1: verification decides alone)"},
     )
+    block_adaptive_threshold: float = field(
+        default=0.0, metadata={"help": "adaptive block size: propose only the tokens before the first head whose "
+                                       "top probability is below this threshold, in (0, 1) (0: always the "
+                                       "full block). Exact acceptance keeps the output identical to greedy"},
+    )
+    block_proposal_vocab: int = field(
+        default=0, metadata={"help": "heads 2..k propose only among the N most frequent target tokens (the first "
+                                     "N of the dictionary), a cheaper product than the whole vocabulary; p_1 "
+                                     "still verifies over all of it, so exact acceptance stays exact (0: all)"},
+    )
     blockwise_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start every parameter but the proposal heads from this "
                                         "trained fairseq transformer checkpoint (e.g. the baseline's)"},
@@ -83,6 +93,13 @@ class BlockwiseTranslationTask(TranslationTask):
             raise ValueError(f"--block-distance {self.cfg.block_distance}: must be >= 0")
         if not 1 <= self.cfg.min_block_size <= block_size:
             raise ValueError(f"--min-block-size {self.cfg.min_block_size}: must be 1..{block_size} (the block size)")
+        threshold = self.cfg.block_adaptive_threshold
+        if threshold != 0 and not 0 < threshold < 1:
+            raise ValueError(f"--block-adaptive-threshold {threshold}: must be in (0, 1), or 0 for a fixed block")
+        vocab = self.cfg.block_proposal_vocab
+        if not 0 <= vocab <= len(self.target_dictionary):
+            raise ValueError(f"--block-proposal-vocab {vocab}: must be 0 (the whole vocabulary) to "
+                             f"{len(self.target_dictionary)} (the target dictionary's size)")
         refuse_unsupported_generation_flags(args, "--task blockwise_translation", extra={
             "--beam (blockwise decoding is greedy: pass --beam 1; for beam search use --task translation)":
                 getattr(args, "beam", 1) != 1,
@@ -91,7 +108,8 @@ class BlockwiseTranslationTask(TranslationTask):
         return BlockwiseGenerator(
             model, self.target_dictionary, block_size,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,
-            min_block_size=self.cfg.min_block_size,
+            min_block_size=self.cfg.min_block_size, adaptive_threshold=threshold,
+            proposal_vocab=vocab,
             max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
             min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
             len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),

@@ -16,13 +16,28 @@ logger = logging.getLogger(__name__)
 
 def allow_fairseq_checkpoints() -> None:
     """torch >= 2.6 unpickles with ``weights_only=True``; fairseq checkpoints hold an ``argparse.Namespace``
-    (and, trained with --eval-bleu, numpy arrays).
+    (and, trained with --eval-bleu, numpy arrays), and a resuming distributed run sends omegaconf configs.
 
     Allow-listing those classes keeps the safe loader for everything else.
     """
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:  # older torch loads everything and needs no fix
-        add_safe_globals([argparse.Namespace, *_numpy_array_globals()])
+        add_safe_globals([argparse.Namespace, *_numpy_array_globals(), *_omegaconf_globals()])
+
+
+def _omegaconf_globals() -> list:
+    """What unpickling fairseq's config objects needs: a distributed run that resumes broadcasts rank 0's loaded
+    checkpoint (its ``cfg`` an omegaconf DictConfig) to the other ranks through ``torch.load``."""
+    import collections
+    import typing
+
+    from fairseq.distributed.utils import _TensorPlaceholder  # what the broadcast puts where tensors were
+    from omegaconf import DictConfig, ListConfig, base, nodes
+
+    node_types = [getattr(nodes, name) for name in ("AnyNode", "StringNode", "IntegerNode", "FloatNode",
+                                                     "BooleanNode") if hasattr(nodes, name)]
+    return [_TensorPlaceholder, DictConfig, ListConfig, base.ContainerMetadata, base.Metadata, *node_types, typing.Any, dict, list,
+            int, float, str, bool, collections.defaultdict]
 
 
 def _numpy_array_globals() -> list:
