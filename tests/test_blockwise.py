@@ -279,7 +279,8 @@ def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset():
 
 @pytest.fixture(scope="module")
 def blockwise_trained(trained, tmp_path_factory):
-    """Proposal heads trained on the frozen tiny baseline (the paper's 'regular' setting)."""
+    """Proposal heads (one FFN each) trained on the frozen tiny baseline (the paper's 'regular' setting), the
+    checkpoint chosen on the heads' mean validation accuracy, as examples/blockwise/run.sh does."""
     save_dir = str(tmp_path_factory.mktemp("blockwise"))
     flags = [f for f in TRAIN_FLAGS]
     flags[flags.index("--task") + 1] = "blockwise_translation"
@@ -288,6 +289,8 @@ def blockwise_trained(trained, tmp_path_factory):
     flags[flags.index("--lr") + 1] = "3e-3"
     run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--blockwise-heads", HEADS,
         "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
+        "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
+        "--maximize-best-checkpoint-metric", "--patience", 3,
         "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {**trained, "blockwise": os.path.join(save_dir, "checkpoint_best.pt")}
 
@@ -404,3 +407,8 @@ def test_bench_reports_block_statistics_and_identity(blockwise_trained, tmp_path
     assert result["stats"]["block_size"] == 3 and result["stats"]["sentences"] == 20
     assert result["stats"]["mean_accepted_block_size"] >= 1.0
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0  # share of sentences
+    # One call against one greedy step, timed on the same cached prefixes (10 sentences).
+    stats = result["stats"]
+    assert stats["call_cost_samples"] == 10 and stats["call_ms"] > 0 and stats["greedy_step_ms"] > 0
+    low, high = stats["call_cost_range"]
+    assert 0 < low <= stats["call_cost_vs_greedy_step"] <= high

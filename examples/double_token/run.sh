@@ -20,7 +20,8 @@
 #
 # Usage: examples/double_token/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
-#   env: STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), EPOCHS (40: a cap;
+#   env: STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), AVERAGE (5: epoch
+#        checkpoints averaged), EPOCHS (40: a cap;
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
@@ -34,7 +35,7 @@ SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
 EPOCHS=${EPOCHS:-40}
 LR=${LR:-5e-4}
 WARMUP=${WARMUP:-500}
-AVERAGE=5
+AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-10}
 GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
 RESULTS=${RESULTS:-docs/results}
