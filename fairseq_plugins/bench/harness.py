@@ -93,13 +93,33 @@ def add_bench_parser(subparsers):
     p.add_argument("--hypotheses", help="write the method's detokenised outputs here, one per line")
     p.set_defaults(run=run_bench)
 
-    r = subparsers.add_parser("report", help="print the summary table of bench JSON files")
-    r.add_argument("results", nargs="+", help="bench JSON files")
+    r = subparsers.add_parser("report", help="print the summary table of bench JSON files, or write the README's "
+                                             "results table and the cross-method plot from them")
+    r.add_argument("results", nargs="*",
+                   help="bench JSON files or directories of them (default with --readme/--overview-plot: "
+                        "docs/results)")
     r.add_argument("--markdown", action="store_true", help="full Markdown table instead of the summary")
+    r.add_argument("--readme", metavar="README", help="rewrite the block between the results markers of this file "
+                                                      "with every method's best measured setting")
+    r.add_argument("--check", action="store_true",
+                   help="with --readme: change nothing, exit 1 if the README's block is out of date")
+    r.add_argument("--overview-plot", metavar="PNG",
+                   help="write the cross-method plot (ΔBLEU against speed ratio, every setting)")
     r.set_defaults(run=run_report)
 
 
 def run_report(args, argv):
+    if args.check and not args.readme:
+        raise InputError("--check goes with --readme")
+    if args.readme or args.overview_plot:
+        from .overview import run_overview
+
+        status = run_overview(args.results or ["docs/results"], args.readme, args.check, args.overview_plot)
+        if status:
+            raise SystemExit(status)
+        return
+    if not args.results:
+        raise InputError("report: give bench JSON files (or --readme / --overview-plot)")
     results = [result for path in args.results for result in report.load_results(path)]
     print(report.markdown_table(results) if args.markdown else report.summary_table(results), end="")
 
