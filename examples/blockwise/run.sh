@@ -23,7 +23,8 @@
 #        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json),
 #        BEST_VARIANT (self: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
-#        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4)
+#        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), PROPOSAL_VOCAB (2000) and THRESHOLDS
+#        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/blockwise}
@@ -145,6 +146,18 @@ if stage bench; then
     # shellcheck disable=SC2086  # the flags are words
     bench_cell "${RESULTS}_acceptance.json" "$BEST k=$BEST_K ${flags//--/}" "$BEST" "$BEST_K" 64 1 \
       "${BENCH_LIMIT:-0}" $flags
+  done
+  # Cheaper calls at batch 1: an adaptive block size (at the largest k, where it has most to cut) and
+  # proposals among the most frequent tokens only, against the fixed block of the same k.
+  rm -f "${RESULTS}_call_cost.json"
+  settings=("" "--block-proposal-vocab ${PROPOSAL_VOCAB:-2000}")
+  for threshold in ${THRESHOLDS:-0.3 0.6}; do settings+=("--block-adaptive-threshold $threshold"); done
+  for block in $(printf '%s\n' "$BEST_K" "$K" | sort -un); do
+    for flags in "${settings[@]}"; do
+      # shellcheck disable=SC2086  # the flags are words
+      bench_cell "${RESULTS}_call_cost.json" "$BEST k=$block${flags:+ ${flags//--/}}" "$BEST" "$block" 1 \
+        "${BENCH_RUNS:-3}" "${SWEEP_LIMIT:-200}" $flags
+    done
   done
   python "$(dirname "$0")/plots.py" "$RESULTS"
 fi
