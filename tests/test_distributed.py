@@ -22,7 +22,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_workers_train_a_plugin_model(prepared, tmp_path):
+def train_workers(prepared, tmp_path, max_update: int, tag: str):
+    """Both ranks of one `fairseq-train` run to ``max_update``; returns their exit codes and logs."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     workers = []
@@ -32,9 +33,9 @@ def test_two_gloo_workers_train_a_plugin_model(prepared, tmp_path):
             "--cpu", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
             "--distributed-world-size", str(WORLD_SIZE), "--distributed-rank", str(rank),
             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-            "--max-update", str(UPDATES), "--log-interval", "1", "--save-dir", str(tmp_path / "ckpt"),
+            "--max-update", str(max_update), "--log-interval", "1", "--save-dir", str(tmp_path / "ckpt"),
         ]
-        log = open(tmp_path / f"rank{rank}.log", "w")
+        log = open(tmp_path / f"{tag}.rank{rank}.log", "w")
         workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     try:
         codes = [proc.wait(timeout=600) for proc, _ in workers]
@@ -42,10 +43,21 @@ def test_two_gloo_workers_train_a_plugin_model(prepared, tmp_path):
         for proc, log in workers:
             proc.kill() if proc.poll() is None else None
             log.close()
-    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in range(WORLD_SIZE)]
+    return codes, [(tmp_path / f"{tag}.rank{rank}.log").read_text() for rank in range(WORLD_SIZE)]
+
+
+def test_two_gloo_workers_train_a_plugin_model_and_resume(prepared, tmp_path):
+    codes, logs = train_workers(prepared, tmp_path, UPDATES, "first")
     assert codes == [0, 0], "\n\n".join(text[-3000:] for text in logs)
     for rank, text in enumerate(logs):
         assert f"distributed init (rank {rank})" in text
     assert "training on 2 devices" in logs[0]
     assert f"num_updates={UPDATES}" in logs[0].replace(" ", "") or f"num_updates {UPDATES}" in logs[0]
     assert os.path.isfile(tmp_path / "ckpt" / "checkpoint_last.pt")
+    # Resuming: rank 0 loads checkpoint_last.pt and broadcasts it (its omegaconf config included) to rank 1,
+    # which unpickles it under torch's weights-only loader.
+    codes, logs = train_workers(prepared, tmp_path, UPDATES + 4, "resumed")
+    assert codes == [0, 0], "\n\n".join(text[-3000:] for text in logs)
+    assert f"num_updates={UPDATES + 4}" in logs[0].replace(" ", "") or f"num_updates {UPDATES + 4}" in logs[0]
+    assert f"num_updates={UPDATES + 1}," in logs[0].replace(" ", "")  # continued, not started over
+    assert "num_updates=1," not in logs[0].replace(" ", "")
