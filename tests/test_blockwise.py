@@ -375,7 +375,8 @@ def trainable_parameters(module):
     ("blockwise", ["--block-acceptance", "topk", "--block-topk", 0], "--block-topk 0: must be at least 1"),
     ("blockwise", ["--min-block-size", 9], "--min-block-size 9: must be 1..4"),
     ("blockwise", ["--block-adaptive-threshold", 1.5], "--block-adaptive-threshold 1.5: must be in (0, 1)"),
-    ("blockwise", ["--block-proposal-vocab", 100000], "--block-proposal-vocab 100000: must be 0"),
+    ("blockwise", ["--block-proposal-vocab", 100000],
+     "--block-proposal-vocab 100000: must be 0 (the whole vocabulary) or 5.."),
     ("blockwise", ["--beam", 5], "--beam (blockwise decoding is greedy"),
     ("checkpoint", [], "--path: the checkpoint holds a TransformerModel, not a blockwise_transformer"),
 ])

@@ -97,9 +97,11 @@ class BlockwiseTranslationTask(TranslationTask):
         if threshold != 0 and not 0 < threshold < 1:
             raise ValueError(f"--block-adaptive-threshold {threshold}: must be in (0, 1), or 0 for a fixed block")
         vocab = self.cfg.block_proposal_vocab
-        if not 0 <= vocab <= len(self.target_dictionary):
-            raise ValueError(f"--block-proposal-vocab {vocab}: must be 0 (the whole vocabulary) to "
-                             f"{len(self.target_dictionary)} (the target dictionary's size)")
+        special = self.target_dictionary.nspecial
+        if vocab != 0 and not special < vocab <= len(self.target_dictionary):
+            raise ValueError(f"--block-proposal-vocab {vocab}: must be 0 (the whole vocabulary) or "
+                             f"{special + 1}..{len(self.target_dictionary)} (past the special symbols, at most "
+                             "the target dictionary's size)")
         refuse_unsupported_generation_flags(args, "--task blockwise_translation", extra={
             "--beam (blockwise decoding is greedy: pass --beam 1; for beam search use --task translation)":
                 getattr(args, "beam", 1) != 1,
