@@ -245,10 +245,24 @@ def test_a_tiny_character_model_learns_to_copy_and_decodes_through_fairseq_gener
 
 
 def test_recomputed_decoding_gives_the_cached_hypotheses(copy_model):
-    cached = _generate(copy_model, "--beam", "4", "--batch-size", "8", task="bytenet_translation")
-    recomputed = _generate(copy_model, "--beam", "4", "--batch-size", "8", "--bytenet-decoding", "recompute",
-                           task="bytenet_translation")
-    assert _hypotheses(cached.stdout) == _hypotheses(recomputed.stdout)
+    flags = ("--beam", "4", "--nbest", "4", "--batch-size", "8")
+    cached = _generate(copy_model, *flags, task="bytenet_translation")
+    recomputed = _generate(copy_model, *flags, "--bytenet-decoding", "recompute", task="bytenet_translation")
+
+    def n_best(output):  # sentence -> [(text, score)] in rank order
+        lists = {}
+        for line in output.splitlines():
+            if line.startswith("H-"):
+                name, score, text = line.split("\t")
+                lists.setdefault(int(name[2:]), []).append((text, float(score)))
+        return lists
+
+    cached, recomputed = n_best(cached.stdout), n_best(recomputed.stdout)
+    assert len(cached) == 40 and all(len(hyps) == 4 for hyps in cached.values())
+    assert cached.keys() == recomputed.keys()
+    for sentence, hyps in cached.items():
+        assert [text for text, _ in hyps] == [text for text, _ in recomputed[sentence]]
+        assert [score for _, score in hyps] == pytest.approx([score for _, score in recomputed[sentence]], abs=1e-3)
 
 
 def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
@@ -263,10 +277,13 @@ def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
                stdin=stdin)
     hypotheses = [line.split("\t")[2] for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hypotheses) == 3
+    assert char.decode(hypotheses[0]) == ""  # the empty source is copied to an empty translation
     assert char.decode(hypotheses[1]) == "abc"
     assert char.decode(hypotheses[2])[:40] == long_line[:40]  # copying goes on past anything seen in training
     other = _generate(copy_model, "--beam", "4", "--model-overrides", "{'unfold_a': 2.0, 'unfold_b': 1.0}")
-    assert len(_hypotheses(other.stdout)) == 40
+    # A longer unfolding leaves room to stop: the copies come out as they do with the trained one.
+    copies = sum(h == r for h, r in zip(_hypotheses(other.stdout), _references(copy_model)))
+    assert len(_hypotheses(other.stdout)) == 40 and copies >= 36, copies
     assert "trained with 1.2 and 0.0" in other.stderr
 
 
@@ -286,7 +303,10 @@ def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(tmp_path):
                "--path", os.path.join(save_dir, "checkpoint_last.pt"), "--tokens-per-sample", "64",
                "--max-tokens", "2048", "--gen-subset", "valid", "--cpu")
     loss = float(proc.stderr.split("Loss (base 2): ")[1].split(",")[0])
-    assert 0 < loss < 2.0  # bits per character, well below uniform over the dictionary (log2 8 = 3)
+    # Bits per character: below uniform over the dictionary (log2 8 = 3), and not below what a causal model
+    # can reach on this text: characters uniform over "ab " and line lengths uniform over 0..30 give 1.80 bits
+    # a token to a model that knows each line's position (a model that sees the future would score near 0).
+    assert 1.6 < loss < 2.0
 
 
 def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):

@@ -247,6 +247,7 @@ def test_batched_decoding_equals_decoding_one_sentence_at_a_time():
         # Padding changes the encoder output in the last bits, which may swap hypotheses whose scores tie
         # (this random model has many): ranks must agree on scores, and on tokens where a score is unique.
         scores = [float(h["score"]) for h in alone[0]]
+        assert len(alone[0]) == len(together[i]) == 4 and len(together) == 6  # W finished hypotheses each
         assert all(abs(a - float(b["score"])) < 1e-4 for a, b in zip(scores, together[i]))
         for rank, (a, b) in enumerate(zip(alone[0], together[i])):
             if sum(abs(scores[rank] - other) < 1e-4 for other in scores) == 1:
@@ -421,6 +422,10 @@ def test_trained_models_decode_natural_order_through_fairseq_generate(double_tok
         if line.startswith(("T-", "H-")):
             pairs.setdefault(field[0][2:], {}).setdefault(field[0][0], field[-1])
     assert len(pairs) == 40
+    # T- lines are the references in natural order (the task folds targets for training only).
+    with open(os.path.join(double_token_trained["data"], "tok", "test.tgt"), encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    assert all(p["T"] == references[int(i)] for i, p in pairs.items()), list(pairs.items())[:2]
     hyps = [p["H"].split() for p in pairs.values()]
     # Every synthetic target ends with its full stop; outputs reversed or folded would not.
     assert sum(h[-1:] == ["▁."] for h in hyps) >= 38

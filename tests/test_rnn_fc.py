@@ -12,11 +12,12 @@ from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, ra
 
 from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
+from fairseq_plugins.int8 import Int8Linear
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
 from fairseq_plugins.rnn_fc.search import BeamSearch
 from fairseq_plugins.rnn_fc.shortlist import Shortlist, read_lexical_table
-from fairseq_plugins.rnn_fc.steppers import SPEEDUPS, OutputLayer
+from fairseq_plugins.rnn_fc.steppers import SPEEDUPS
 
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_plugins")
 
@@ -96,16 +97,19 @@ class TableStepModel:
     """A step model whose next-token log-probabilities depend only on the hypothesis prefix (a fixed table
     drawn per prefix), so that any search can be checked against another."""
 
-    def __init__(self, vocab, seed=0, eos_bias=0.0):
+    def __init__(self, vocab, seed=0, eos_bias=0.0, per_sentence=False):
         self.vocab, self.seed, self.eos_bias = vocab, seed, eos_bias
+        self.per_sentence = per_sentence  # a different table for each sentence of the batch
+        self.sentence = 0
         self.prefixes = None
         self.calls = 0
 
-    def start(self, sample, candidates):
+    def start(self, sample, candidates, candidate_valid=None):
         self.prefixes = [[()] for _ in range(sample["net_input"]["src_tokens"].size(0))]
 
     def distribution(self, prefix):
-        g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % (2 ** 31))
+        g = torch.Generator().manual_seed(hash((self.seed, self.sentence if self.per_sentence else 0) + prefix)
+                                          % (2 ** 31))
         logits = torch.randn(self.vocab, generator=g) * 2
         logits[2] += self.eos_bias * len(prefix)  # EOS (id 2) grows likelier with length
         return torch.log_softmax(logits, -1)
@@ -116,6 +120,7 @@ class TableStepModel:
         new = []
         out = torch.empty(batch, k, self.vocab)
         for b in range(batch):
+            self.sentence = b
             rows = []
             for j in range(k):
                 parent = self.prefixes[b][0 if parents is None else int(parents[b, j])]
@@ -180,16 +185,24 @@ def test_early_stopping_within_delta_waits_for_a_hypothesis_that_wins_later():
     assert eager.search(Constructed(len(dictionary)), constructed_sample())[0][0]["tokens"].tolist() == [4, 2]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_unnormalized_early_stopping_never_changes_the_best_hypothesis(seed):
+@pytest.mark.parametrize("delta", [0.0, 0.5, 1.0])
+def test_unnormalized_early_stopping_never_changes_the_best_hypothesis(delta):
     dictionary = word_dictionary(6)
-    results = []
-    for delta in (None, 0.0, 3.0):
-        search = BeamSearch(dictionary, beam=4, max_len_b=9, normalize_scores=False, early_stop_delta=delta)
-        results.append(search.search(TableStepModel(len(dictionary), seed, eos_bias=0.7), constructed_sample(2)))
-    for b in range(2):
-        best = [r[b][0] for r in results]
-        assert best[0]["tokens"].tolist() == best[1]["tokens"].tolist() == best[2]["tokens"].tolist()
+    stopped = 0
+    for seed in range(20):
+        results = []
+        for stop in (None, delta):
+            search = BeamSearch(dictionary, beam=4, max_len_b=9, normalize_scores=False, early_stop_delta=stop)
+            model = TableStepModel(len(dictionary), seed, eos_bias=0.7, per_sentence=True)
+            results.append(search.search(model, constructed_sample(3)))
+        stopped += search.stopped_early
+        assert [[h["tokens"].tolist() for h in r] for r in results[0]] != [[]] * 3
+        for b in range(3):
+            assert results[0][b][0]["tokens"].tolist() == results[1][b][0]["tokens"].tolist()
+            assert results[0][b][0]["score"] == pytest.approx(results[1][b][0]["score"])
+        # The three sentences have their own tables, so the test is not one sentence three times.
+        assert len({tuple(results[0][b][0]["tokens"].tolist()) for b in range(3)}) > 1 or seed != 0
+    assert stopped >= 10, stopped  # early stopping did trigger (of 60 sentences)
 
 
 def test_beam_search_equals_fairseq_sequence_generator_on_a_fixed_model():
@@ -277,21 +290,6 @@ def test_systran_lexical_table_is_fast_aligns_probability_table(tmp_path):
         list(read_systran_probabilities(write_table(tmp_path / "bad.probs", [("a", "b", 0)])))
 
 
-def test_int8_candidate_rows_equal_the_full_int8_matrix_rows():
-    torch.manual_seed(0)
-    weight = torch.randn(50, 16)
-    features = torch.randn(2, 3, 16)
-    candidates = torch.tensor([[2, 5, 9, 40], [0, 1, 2, 3]])
-    full, short = OutputLayer(weight, None, "int8"), OutputLayer(weight, None, "int8")
-    full.prepare(None)
-    short.prepare(candidates)
-    # Activations are quantized per call, so compare sentence by sentence, as the generator calls it.
-    all_logits = torch.cat([full(features[i:i + 1]) for i in range(2)])
-    torch.testing.assert_close(short(features), all_logits.gather(2, candidates.unsqueeze(1).expand(-1, 3, -1)))
-    exact = features @ weight.t()
-    assert float((all_logits - exact).abs().max()) < 0.05 * float(exact.abs().max())  # int8 rounding only
-
-
 # --- a trained tiny rnn_fc: every switch against the plain decoder --------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -315,20 +313,30 @@ def rnn_fc_trained(prepared, trained, tmp_path_factory):
             "everything": str(work / "everything.pt")}
 
 
-def load(checkpoint):
+def load(checkpoint, batch_size=8):
     from fairseq import checkpoint_utils
 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
     task.load_dataset("test", task_cfg=cfg.task)
     dataset = task.dataset("test")
-    batches = [dataset.collater([dataset[i] for i in range(start, min(start + 8, len(dataset)))])
-               for start in range(0, len(dataset), 8)]
+    batches = [dataset.collater([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+               for start in range(0, len(dataset), batch_size)]
     return models[0].eval(), task.target_dictionary, task.source_dictionary, batches
 
 
 def decode(generator, model, batches):
     with torch.no_grad():
         return [[h["tokens"].tolist() for h in hyps] for batch in batches for hyps in generator.generate([model], batch)]
+
+
+def decode_by_id(generator, model, batches):
+    """n-best token lists in sentence-id order (fairseq's collater sorts a batch by source length)."""
+    by_id = {}
+    with torch.no_grad():
+        for batch in batches:
+            for sentence, hyps in zip(batch["id"].tolist(), generator.generate([model], batch)):
+                by_id[sentence] = [h["tokens"].tolist() for h in hyps]
+    return [by_id[sentence] for sentence in sorted(by_id)]
 
 
 @pytest.mark.parametrize("speedups", [(name,) for name in SPEEDUPS] + [SPEEDUPS])
@@ -377,6 +385,23 @@ def test_the_generic_path_reproduces_fairseq_on_the_baseline_transformer(rnn_fc_
     assert [h[0] for h in decode(ours, model, batches)] == theirs
     with pytest.raises(ValueError, match="the exact speedups are rnn_fc's own"):
         RnnFcGenerator([model], tgt_dict, speedups=("batched",))
+
+
+@pytest.mark.parametrize("system", ["checkpoint", "baseline"])
+def test_outputs_do_not_depend_on_the_batch_with_int8_or_candidate_lists(rnn_fc_trained, system):
+    # int8 has per-row activation scales (with one scale per call, 5 of 40 best outputs and 16 of 40 n-best
+    # lists of this rnn_fc changed between batch 8 and batch 1), and a list padded to its batch's longest
+    # list gives the padding no probability: a sentence's translation is the same at batch 8 and batch 1.
+    model, tgt_dict, src_dict, batches = load(rnn_fc_trained[system])
+    _, _, _, singles = load(rnn_fc_trained[system], batch_size=1)
+    shortlist = Shortlist.load(rnn_fc_trained["shortlist"], src_dict, tgt_dict)
+    for precision, lists in (("int8", None), ("fp32", shortlist), ("int8", shortlist)):
+        generator = RnnFcGenerator([model], tgt_dict, beam=6, nbest=6, precision=precision, shortlist=lists)
+        together, alone = decode_by_id(generator, model, batches), decode_by_id(generator, model, singles)
+        assert len(together) == len(alone) == 40 and all(len(n_best) == 6 for n_best in together)
+        assert together == alone, (precision, lists is not None)  # every n-best list, token for token
+        if precision == "int8":  # int8 ran, not float32
+            assert any(isinstance(m, Int8Linear) for m in generator.stepper.model.modules())
 
 
 def generate(system, *flags, check=True):

@@ -34,7 +34,8 @@ K=${K:-10}
 LAYOUT=${LAYOUT:-separate}
 FFN_DIM=${FFN_DIM:-}
 LOSS=${LOSS:-mean}
-BLOCK_SIZES=$(for k in ${BLOCK_SIZES:-1 2 4 6 8 10}; do (( k <= K )) && echo "$k"; done)
+# (an `if`, not `&&`: a false last test would make the substitution fail and set -e end the script silently)
+BLOCK_SIZES=$(for k in ${BLOCK_SIZES:-1 2 4 6 8 10}; do if (( k <= K )); then echo "$k"; fi; done)
 BENCH_JSON=${BENCH_JSON:-docs/results/blockwise.json}
 USER_DIR=$(fairseq-plugins user-dir)
 BASE_CKPT=$BASE/checkpoints/checkpoint_best.pt

@@ -25,8 +25,10 @@ from ..common.step_rules import StepRules
 
 
 class StepModel(Protocol):
-    def start(self, sample: Dict, candidates: Optional[Tensor]) -> None:
-        """Encode the batch; ``candidates`` (B, C) are each sentence's output ids (None: the vocabulary)."""
+    def start(self, sample: Dict, candidates: Optional[Tensor], candidate_valid: Optional[Tensor] = None) -> None:
+        """Encode the batch; ``candidates`` (B, C) are each sentence's output ids (None: the vocabulary), padded
+        to the longest list; ``candidate_valid`` (B, C) says which are real: the padding must get no
+        probability (-inf logits before the softmax), or a sentence's scores would depend on its batch."""
 
     def step(self, tokens: Tensor, parents: Optional[Tensor]) -> Tensor:
         """Log-probabilities (B, k, C) of the next token after ``tokens`` (B, k), the last token of each of the
@@ -56,7 +58,7 @@ class BeamSearch:
         # As fairseq: the longest source of the batch sets every sentence's limit.
         src_len = int(sample["net_input"]["src_lengths"].max())
         max_len = self.rules.max_len(src_len, self.max_len - 1)
-        model.start(sample, candidates)
+        model.start(sample, candidates, candidate_valid)
         beam = self.beam
         mask = columns_of = None
         if candidates is not None:

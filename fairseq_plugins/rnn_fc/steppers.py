@@ -15,10 +15,7 @@ Both end in an ``OutputLayer``: the softmax weights over the vocabulary or over 
 in float32 or int8.
 """
 
-import contextlib
-import copy
 import logging
-import warnings
 from typing import Dict, Optional
 
 import torch
@@ -26,44 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.dictionaries import ids_by_count
+from ..int8 import Int8Matrix, int8_copy
 from .search import flat_rows, unique_rows
 
 logger = logging.getLogger(__name__)
 
 SPEEDUPS = ("batched", "embeddings", "attention", "merged")
 PRECISIONS = ("fp32", "int8")
-
-
-@contextlib.contextmanager
-def _quiet_quantization():
-    # torch.ao.quantization warns that it moves to torchao; its dynamic int8 kernels are what we measure.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-
-
-def _int8_weight(weight: Tensor, scale: float):
-    """Symmetric per-tensor int8 weight, packed for fbgemm's dynamic-quantization matmul."""
-    with _quiet_quantization():
-        quantized = torch.quantize_per_tensor(weight.detach().float().contiguous(), scale, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(quantized, None)
-
-
-def int8_copy(model: nn.Module, keep_float=()) -> nn.Module:
-    """A copy of ``model`` whose Linear and GRU layers multiply with int8 weights (dynamic quantization:
-    activations quantized per call). ``keep_float``: module names left in float32."""
-    names = set()
-    for name, module in model.named_modules():
-        if name in keep_float or not isinstance(module, (nn.Linear, nn.GRU)):
-            continue
-        # fairseq's attention runs torch's fused kernel (which reads .weight) outside incremental decoding:
-        # the encoder's self-attention projections stay float32.
-        if name.startswith("encoder.") and ".self_attn." in name:
-            continue
-        names.add(name)
-    with _quiet_quantization():
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), qconfig_spec=names, dtype=torch.qint8)
 
 
 class OutputLayer:
@@ -73,34 +39,36 @@ class OutputLayer:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
         self.weight, self.bias, self.precision = weight.detach(), None if bias is None else bias.detach(), precision
-        # One scale for the whole matrix: a candidate list's rows are the full int8 matrix's rows.
-        self.scale = float(self.weight.abs().max()) / 127 if precision == "int8" else None
-        self.full_packed = _int8_weight(self.weight, self.scale) if precision == "int8" else None
+        # A candidate list's int8 rows (and row scales) are the full int8 matrix's rows.
+        self.full_int8 = Int8Matrix(self.weight) if precision == "int8" else None
         self.candidates = None
-        self.weights = self.packed = None
+        self.weights = self.int8_lists = self.padding = None
 
-    def prepare(self, candidates: Optional[Tensor]) -> None:
-        """Per batch: each sentence's candidate ids (B, C), or None for the whole vocabulary."""
+    def prepare(self, candidates: Optional[Tensor], valid: Optional[Tensor] = None) -> None:
+        """Per batch: each sentence's candidate ids (B, C), or None for the whole vocabulary; ``valid`` (B, C):
+        which ids are in the sentence's list (the rest pad it to the batch's longest list and get -inf)."""
         self.candidates = candidates
+        self.padding = None
         if candidates is None:
             return
+        if valid is not None and not bool(valid.all()):
+            self.padding = torch.zeros(valid.shape, device=valid.device).masked_fill_(~valid, float("-inf"))
         self.weights = self.weight[candidates]  # (B, C, d)
         self.sliced_bias = None if self.bias is None else self.bias[candidates]  # (B, C)
         if self.precision == "int8":
-            self.packed = [_int8_weight(w, self.scale) for w in self.weights]
+            self.int8_lists = [self.full_int8.select(ids) for ids in candidates]
 
     def __call__(self, x: Tensor, sentence: Optional[int] = None) -> Tensor:
         """x (B, k, d) -> logits (B, k, C); with ``sentence``, x (1, k, d) belongs to that sentence."""
         if self.candidates is None:
             if self.precision == "int8":
-                logits = torch.ops.quantized.linear_dynamic(x.float(), self.full_packed, True)
+                logits = self.full_int8(x)
             else:
                 logits = F.linear(x, self.weight)
             return logits if self.bias is None else logits + self.bias
         sentences = range(x.size(0)) if sentence is None else [sentence]
         if self.precision == "int8":
-            logits = torch.stack([torch.ops.quantized.linear_dynamic(x[i], self.packed[b], True)
-                                  for i, b in enumerate(sentences)])
+            logits = torch.stack([self.int8_lists[b](x[i]) for i, b in enumerate(sentences)])
         elif sentence is None:
             logits = torch.bmm(x, self.weights.transpose(1, 2))
         else:
@@ -108,6 +76,9 @@ class OutputLayer:
         if self.sliced_bias is not None:
             bias = self.sliced_bias if sentence is None else self.sliced_bias[sentence:sentence + 1]
             logits = logits + bias.unsqueeze(1)
+        if self.padding is not None:
+            padding = self.padding if sentence is None else self.padding[sentence:sentence + 1]
+            logits = logits + padding.unsqueeze(1)
         return logits
 
 
@@ -149,7 +120,7 @@ class RnnFcStepper:
         return 0 if self.table is None else self.table.size(0)
 
     # ---- per batch ---------------------------------------------------------------------------------
-    def start(self, sample: Dict, candidates: Optional[Tensor]) -> None:
+    def start(self, sample: Dict, candidates: Optional[Tensor], candidate_valid: Optional[Tensor] = None) -> None:
         net_input = sample["net_input"]
         encoder_out = self.model.encoder(net_input["src_tokens"], net_input["src_lengths"])
         self.values = encoder_out["encoder_out"][0]  # (B, T, C)
@@ -157,7 +128,7 @@ class RnnFcStepper:
         self.state = encoder_out["decoder_init_state"][0].unsqueeze(1)  # (B, 1, H)
         self.top_state = None
         self.keys = self.decoder.source_keys(self.values) if "attention" in self.speedups else None
-        self.output.prepare(candidates)
+        self.output.prepare(candidates, candidate_valid)
         self.row_calls = 0
 
     def _input_part(self, tokens: Tensor) -> Tensor:
@@ -233,13 +204,13 @@ class FairseqStepper:
         self.output = output_layer_of(model, precision)
         self.model = int8_copy(model, keep_float={"decoder.output_projection"}) if precision == "int8" else model
 
-    def start(self, sample: Dict, candidates: Optional[Tensor]) -> None:
+    def start(self, sample: Dict, candidates: Optional[Tensor], candidate_valid: Optional[Tensor] = None) -> None:
         net_input = sample["net_input"]
         self.encoder_out = self.model.encoder.forward_torchscript(net_input)
         self.incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         self.history = None
         self.rows = 1
-        self.output.prepare(candidates)
+        self.output.prepare(candidates, candidate_valid)
         self.row_calls = 0
 
     def step(self, tokens: Tensor, parents: Optional[Tensor]) -> Tensor:

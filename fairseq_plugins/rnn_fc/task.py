@@ -48,8 +48,9 @@ class RnnFcTranslationConfig(TranslationConfig):
                                          "input projections are looked up"},
     )
     rnn_fc_precision: ChoiceEnum(list(PRECISIONS)) = field(
-        default="fp32", metadata={"help": "matmul precision: fp32, or int8 weights (dynamic quantization; the "
-                                          "softmax's candidate rows keep the whole matrix's scale)"},
+        default="fp32", metadata={"help": "matmul precision: fp32, or int8 weights with per-row "
+                                          "activation scales (outputs do not depend on the batch; candidate "
+                                          "lists keep the whole matrix's int8 rows)"},
     )
     rnn_fc_shortlist: str = field(
         default="", metadata={"help": "candidate lists from `fairseq-plugins shortlist`: the softmax runs over "

@@ -1,0 +1,160 @@
+"""int8 weight matrices with per-row activation scales (see the package docstring), and the modules that use
+them: ``Int8Linear`` for ``nn.Linear``, ``Int8GRU`` for a one-layer unidirectional ``nn.GRU``."""
+
+import contextlib
+import copy
+import warnings
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+
+@contextlib.contextmanager
+def _quiet_quantization():
+    # torch warns that its quantized tensors move to torchao; fbgemm's int8 kernels are what we run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def row_scales(weight: Tensor) -> Tensor:
+    """Symmetric int8 scale of each row of ``weight`` (rows of zeros get 1, any scale represents them)."""
+    scales = weight.detach().abs().amax(dim=1).float() / 127
+    return torch.where(scales > 0, scales, torch.ones_like(scales))
+
+
+class Int8Matrix:
+    """x W^T with W (rows, d) stored as int8, one scale per row; x in float32, any leading shape.
+
+    ``scales`` fixes the row scales (a candidate list's rows keep the full matrix's scales, so its logits
+    are exactly the full int8 product's)."""
+
+    def __init__(self, weight: Tensor, scales: Optional[Tensor] = None):
+        weight = weight.detach().float().contiguous()
+        if weight.device.type != "cpu":
+            raise ValueError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
+        self.rows, self.dim = weight.shape
+        self.scales = row_scales(weight) if scales is None else scales.detach().float().contiguous()
+        with _quiet_quantization():
+            quantized = torch.quantize_per_channel(weight, self.scales.double(),
+                                                   torch.zeros(self.rows, dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self._dequantized = None
+        # Row 0 of the input buffer is the guard: +1 and -1, so every call's activation range is exactly
+        # [-1, 1] (d == 1: the guard takes two rows). Rows after it take the scaled activations.
+        self.guard_rows = 1 if self.dim >= 2 else 2
+        self.buffer = torch.zeros(self.guard_rows + 8, self.dim)
+        self.buffer[0, 0] = 1.0
+        self.buffer[self.guard_rows - 1, -1] = -1.0
+
+    def int8_weight(self) -> Tensor:
+        """The stored weight as int8 values (rows, d), for checks."""
+        with _quiet_quantization():
+            quantized, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return quantized.int_repr()
+
+    def dequantized(self) -> Tensor:
+        """The float32 matrix the int8 product stands for: int8 values times their row's scale."""
+        if self._dequantized is None:
+            self._dequantized = self.int8_weight().float() * self.scales.unsqueeze(1)
+        return self._dequantized
+
+    def select(self, rows: Tensor) -> "Int8Matrix":
+        """The matrix of the given rows, with their int8 values and scales from this matrix."""
+        return Int8Matrix(self.dequantized()[rows], self.scales[rows])
+
+    def __call__(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.dim).float()
+        rows = flat.size(0)
+        if self.buffer.size(0) < self.guard_rows + rows:
+            grown = torch.zeros(self.guard_rows + 2 * rows, self.dim)
+            grown[:self.guard_rows] = self.buffer[:self.guard_rows]
+            self.buffer = grown
+        magnitude = torch.linalg.vector_norm(flat, float("inf"), dim=1, keepdim=True)
+        magnitude.clamp_(min=torch.finfo(torch.float32).tiny)  # a row of zeros stays zeros
+        scaled = self.buffer[:self.guard_rows + rows]
+        torch.div(flat, magnitude, out=scaled[self.guard_rows:])
+        # (no warnings filter here: catch_warnings empties the once-registry and costs ~80 us a call)
+        product = torch.ops.quantized.linear_dynamic(scaled, self.packed, True)
+        return product[self.guard_rows:].mul_(magnitude).view(*shape[:-1], self.rows)
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with an int8 weight (``Int8Matrix``) and its float32 bias."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.matrix = Int8Matrix(linear.weight)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
+                                                                  requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.matrix(x)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
+
+
+class Int8GRU(nn.Module):
+    """A one-layer unidirectional, time-major ``nn.GRU`` with int8 input and recurrent matrices; the gates
+    follow torch's GRU (the reset gate scales W_hn h + b_hn)."""
+
+    def __init__(self, gru: nn.GRU):
+        super().__init__()
+        if gru.num_layers != 1 or gru.bidirectional or gru.batch_first or not gru.bias:
+            raise ValueError("Int8GRU takes a one-layer, unidirectional, time-major GRU with biases")
+        self.hidden_size = gru.hidden_size
+        self.input_matrix = Int8Matrix(gru.weight_ih_l0)
+        self.state_matrix = Int8Matrix(gru.weight_hh_l0)
+        self.input_bias = nn.Parameter(gru.bias_ih_l0.detach().float().clone(), requires_grad=False)
+        self.state_bias = nn.Parameter(gru.bias_hh_l0.detach().float().clone(), requires_grad=False)
+
+    def forward(self, inputs: Tensor, state: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        steps, batch, _ = inputs.shape
+        h = inputs.new_zeros(batch, self.hidden_size) if state is None else state[0]
+        projected = self.input_matrix(inputs) + self.input_bias  # every step's input part in one product
+        outputs = []
+        for t in range(steps):
+            x_r, x_z, x_n = projected[t].chunk(3, dim=-1)
+            h_r, h_z, h_n = (self.state_matrix(h) + self.state_bias).chunk(3, dim=-1)
+            r = torch.sigmoid(x_r + h_r)
+            z = torch.sigmoid(x_z + h_z)
+            h = (1 - z) * torch.tanh(x_n + r * h_n) + z * h
+            outputs.append(h)
+        return torch.stack(outputs), h.unsqueeze(0)
+
+
+def _convertible(name: str, module: nn.Module) -> bool:
+    # fairseq's attention runs torch's fused kernel (which reads .weight) outside incremental decoding:
+    # the encoder's self-attention projections stay float32.
+    if name.startswith("encoder.") and ".self_attn." in name:
+        return False
+    if isinstance(module, nn.Linear):
+        return True
+    return (isinstance(module, nn.GRU) and module.num_layers == 1 and not module.bidirectional
+            and not module.batch_first and module.bias)
+
+
+def int8_module_names(model: nn.Module, keep_float: Iterable[str] = ()) -> List[str]:
+    """Names of the layers ``int8_copy`` makes int8: every Linear and every one-layer unidirectional GRU
+    but ``keep_float`` and the encoder's self-attention projections. Other GRUs (rnn_fc's bidirectional
+    encoder, which runs once a sentence) stay float32."""
+    keep_float = set(keep_float)
+    return [name for name, module in model.named_modules() if name not in keep_float and _convertible(name, module)]
+
+
+def int8_copy(model: nn.Module, keep_float: Iterable[str] = ()) -> nn.Module:
+    """A copy of ``model`` with the layers of ``int8_module_names`` replaced by int8 ones."""
+    names = int8_module_names(model, keep_float)
+    copied = copy.deepcopy(model)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = copied.get_submodule(parent_name) if parent_name else copied
+        module = getattr(parent, child)
+        setattr(parent, child, Int8Linear(module) if isinstance(module, nn.Linear) else Int8GRU(module))
+    return copied

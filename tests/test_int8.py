@@ -1,0 +1,150 @@
+"""int8 matrices with per-row activation scales (fairseq_plugins/int8): accuracy bounded by int8 rounding,
+results independent of the other rows in a call, and the modules that use them."""
+
+import argparse
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import DictionaryTask, word_dictionary
+
+from fairseq_plugins.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
+from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
+from fairseq_plugins.rnn_fc.steppers import OutputLayer
+
+# fbgemm's dynamic kernel quantizes activations to 128 levels (reduce_range) over the call's range, which the
+# guard row fixes to [-1, 1] after each row is divided by its largest magnitude.
+ACTIVATION_LEVELS = 127
+
+
+def expected_rounding_error(x, weight):
+    """Root-mean-square error of x W^T predicted from uniform rounding (step^2 / 12) of both factors with
+    per-row weight scales max|W_j| / 127 and per-row activation steps 2 max|x_i| / 127."""
+    weight_step = weight.abs().amax(1) / 127  # (rows,)
+    activation_step = 2 * x.abs().amax(1) / ACTIVATION_LEVELS  # (n,)
+    variance = ((x ** 2) @ (weight_step ** 2).unsqueeze(0).expand(x.size(1), -1)
+                + activation_step.unsqueeze(1) ** 2 * (weight ** 2).sum(1).unsqueeze(0)) / 12
+    return float(variance.mean().sqrt())
+
+
+@pytest.mark.parametrize("dim", [64, 256])
+def test_the_int8_product_error_is_int8_rounding_error(dim):
+    torch.manual_seed(0)
+    # Rows of very different magnitudes: one scale for the call would crush the small rows.
+    x = torch.randn(32, dim) * torch.logspace(-3, 1, 32).unsqueeze(1)
+    weight = torch.randn(500, dim) * torch.rand(500, 1)
+    error = Int8Matrix(weight)(x) - x @ weight.t()
+    # Per row, relative to that row's own expected error, so the small rows count as much as the large.
+    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight) for i in range(32)])
+    ratio = error.pow(2).mean(1).sqrt() / predicted  # 0.88-1.21 measured
+    assert float(ratio.max()) < MAX_ERROR_RATIO and float(ratio.min()) > 0.7, ratio  # int8, not finer
+
+
+MAX_ERROR_RATIO = 1.4
+
+
+def rms_error_ratios(matrix, x, weight):
+    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight) for i in range(x.size(0))])
+    return (matrix(x) - x @ weight.t()).pow(2).mean(1).sqrt() / predicted
+
+
+def test_a_coarser_weight_scale_or_one_activation_scale_would_fail_the_error_bound():
+    torch.manual_seed(0)
+    x = torch.randn(16, 64) * torch.logspace(-3, 1, 16).unsqueeze(1)
+    weight = torch.randn(300, 64)
+    # A scale 4x too coarse (what a wrong scale formula gives) fails on every row (1.6-2.6 measured).
+    coarse = Int8Matrix(weight, scales=4 * weight.abs().amax(1) / 127)
+    assert float(rms_error_ratios(coarse, x, weight).min()) > MAX_ERROR_RATIO
+    # One activation scale for the whole call (torch's dynamic quantization) fails on the small rows.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_call = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(64, 300, bias=False)),
+                                                          dtype=torch.qint8)
+    per_call[0].set_weight_bias(torch.quantize_per_channel(
+        weight, weight.abs().amax(1).double() / 127, torch.zeros(300, dtype=torch.long), 0, torch.qint8), None)
+    assert float(rms_error_ratios(per_call, x, weight).max()) > 10 * MAX_ERROR_RATIO
+
+
+@pytest.mark.parametrize("dim", [1, 2, 64])
+def test_each_row_gets_the_same_result_whatever_else_is_in_the_call(dim):
+    torch.manual_seed(0)
+    matrix = Int8Matrix(torch.randn(100, dim))
+    x = torch.randn(9, dim) * torch.logspace(-2, 2, 9).unsqueeze(1)
+    x[4] = 0  # a row of zeros gives zeros, not NaN
+    together = matrix(x)
+    alone = torch.cat([matrix(x[i:i + 1]) for i in range(9)])
+    reordered = matrix(x.flip(0)).flip(0)
+    assert torch.equal(together, alone) and torch.equal(together, reordered)
+    assert torch.equal(together[4], torch.zeros(100))
+    assert matrix(x.view(3, 3, dim)).shape == (3, 3, 100)
+
+
+def test_the_stored_weights_are_int8_with_one_scale_per_row():
+    torch.manual_seed(0)
+    weight = torch.randn(40, 16) * torch.logspace(-2, 1, 40).unsqueeze(1)
+    matrix = Int8Matrix(weight)
+    values = matrix.int8_weight()
+    assert values.dtype == torch.int8 and int(values.abs().max()) == 127
+    assert bool((values.abs().amax(1) == 127).all())  # each row uses its full range: per-row scales
+    assert float((matrix.dequantized() - weight).abs().max(1).values.div(matrix.scales).max()) <= 0.5 + 1e-4
+
+
+def test_candidate_rows_are_the_full_int8_matrix_rows_exactly():
+    torch.manual_seed(0)
+    weight = torch.randn(50, 16)
+    features = torch.randn(2, 3, 16)
+    candidates = torch.tensor([[2, 5, 9, 40], [0, 1, 2, 3]])
+    full, short = OutputLayer(weight, None, "int8"), OutputLayer(weight, None, "int8")
+    full.prepare(None)
+    short.prepare(candidates)
+    all_logits = full(features)
+    assert torch.equal(short(features), all_logits.gather(2, candidates.unsqueeze(1).expand(-1, 3, -1)))
+    assert torch.equal(short(features[1:2], sentence=1), all_logits[1:2].gather(2, candidates[1:2].unsqueeze(1)
+                                                                               .expand(-1, 3, -1)))
+    assert not torch.equal(all_logits, features @ weight.t())  # int8, not float32
+
+
+def test_linear_and_gru_follow_torchs_layers_within_int8_rounding():
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 48).requires_grad_(False)
+    x = torch.randn(5, 7, 32)
+    difference = (Int8Linear(linear)(x) - linear(x)).abs()
+    assert 0 < float(difference.max()) < 0.05 * float(linear(x).abs().max())
+    gru = nn.GRU(32, 24).requires_grad_(False)
+    inputs, state = torch.randn(6, 3, 32), torch.randn(1, 3, 24)
+    expected, expected_last = gru(inputs, state)
+    outputs, last = Int8GRU(gru)(inputs, state)
+    assert 0 < float((outputs - expected).abs().max()) < 0.05 and torch.equal(last[0], outputs[-1])
+    # Batch independence holds through the recurrence, up to float32 noise: torch's vectorised and scalar
+    # sigmoid/tanh differ in the last bit, and which elements take which path depends on the batch size.
+    alone = torch.cat([Int8GRU(gru)(inputs[:, i:i + 1], state[:, i:i + 1])[0] for i in range(3)], dim=1)
+    torch.testing.assert_close(alone, outputs, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="one-layer, unidirectional"):
+        Int8GRU(nn.GRU(8, 8, bidirectional=True))
+
+
+@pytest.mark.parametrize("top", ["tanh", "gru"])
+def test_int8_copy_replaces_every_linear_and_decoder_gru_of_an_rnn_fc_model(top):
+    args = argparse.Namespace(rnn_fc_top=top)
+    rnn_fc_tiny(args)
+    model = RnnFcModel.build_model(args, DictionaryTask(word_dictionary())).eval()
+    quantized = int8_copy(model, keep_float={"decoder.output_projection"})
+    names = int8_module_names(model, keep_float={"decoder.output_projection"})
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "decoder.output_projection"]
+    assert set(linears) <= set(names) and len(linears) >= 6
+    modules = dict(quantized.named_modules())
+    for name in names:
+        assert isinstance(modules[name], (Int8Linear, Int8GRU)), name
+    assert isinstance(modules["decoder.top_layer"], Int8GRU if top == "gru" else Int8Linear)
+    assert isinstance(modules["encoder.gru"], nn.GRU)  # bidirectional: float32, runs once a sentence
+    assert isinstance(modules["decoder.output_projection"], nn.Linear)
+    assert isinstance(model.decoder.fc_layers[0], nn.Linear)  # the original is untouched
+
+
+def test_int8_matrices_refuse_cuda_weights_clearly():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    with pytest.raises(ValueError, match="CPU only"):
+        Int8Matrix(torch.randn(4, 4, device="cuda"))
