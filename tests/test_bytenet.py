@@ -277,7 +277,12 @@ def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
                stdin=stdin)
     hypotheses = [line.split("\t")[2] for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hypotheses) == 3
-    assert char.decode(hypotheses[0]) == ""  # the empty source is copied to an empty translation
+    # The empty source (never seen in training) decodes too, within fairseq's length bound when it is alone:
+    # 2 x 1 source token (its EOS) + 5.
+    alone = run("fairseq_cli.interactive", copy_model["bin"], "--user-dir", USER_DIR, "--path",
+                copy_model["checkpoint"], "--beam", "4", "--cpu", "--max-len-a", "2", "--max-len-b", "5", stdin="\n")
+    empty = [line.split("\t") for line in alone.stdout.splitlines() if line.startswith("H-")]
+    assert len(empty) == 1 and len(empty[0][2].split()) <= 7 and float(empty[0][1]) < 0
     assert char.decode(hypotheses[1]) == "abc"
     assert char.decode(hypotheses[2])[:40] == long_line[:40]  # copying goes on past anything seen in training
     other = _generate(copy_model, "--beam", "4", "--model-overrides", "{'unfold_a': 2.0, 'unfold_b': 1.0}")
