@@ -98,3 +98,17 @@ def test_cuda_bench_decodes_like_cpu(trained, tmp_path):
 def test_cuda_requested_without_a_device_is_a_clear_error(trained):
     proc = bench(trained, "--device", "cuda", "--limit", 2, check=False)
     assert proc.returncode == 2 and "--device cuda: no CUDA device is available" in proc.stderr
+
+
+def test_baseline_beam_decodes_the_stock_side_at_its_own_beam(trained, tmp_path):
+    # --baseline-beam: the method at greedy against stock beam 5 in the same run; the stock side must be
+    # exactly what a plain beam-5 bench of the same model decodes.
+    mixed, beam5 = tmp_path / "mixed.json", tmp_path / "beam5.json"
+    bench(trained, "--beam", 1, "--baseline-beam", 5, "--limit", 12, "--json", mixed)
+    bench(trained, "--beam", 5, "--limit", 12, "--json", beam5)
+    mixed, beam5 = json.loads(mixed.read_text()), json.loads(beam5.read_text())
+    assert mixed["beam"] == 1 and mixed["generator"]["description"] == "greedy"
+    assert mixed["baseline"]["generator"]["beam"] == 5 == beam5["baseline"]["generator"]["beam"]
+    assert mixed["baseline"]["bleu"] == beam5["baseline"]["bleu"] == beam5["bleu"]
+    proc = bench(trained, "--beam", 1, "--baseline-beam", 0, "--limit", 2, check=False)
+    assert proc.returncode != 0 and "--baseline-beam must be at least 1, got 0" in proc.stderr
