@@ -362,3 +362,12 @@ def test_incremental_decoding_on_cuda_matches_the_cpu_full_forward_pass():
         model.cuda()
         incremental, _ = _decode_incremental(model, source.cuda(), lengths.cuda(), target.cuda())
     assert torch.allclose(incremental.cpu(), reference, atol=1e-5, rtol=0)
+
+
+def test_recompute_decoding_refuses_models_that_are_not_bytenet():
+    from fairseq_plugins.bytenet.task import ByteNetTranslationConfig, ByteNetTranslationTask
+
+    dictionary = Dictionary()
+    task = ByteNetTranslationTask(ByteNetTranslationConfig(bytenet_decoding="recompute"), dictionary, dictionary)
+    with pytest.raises(ValueError, match=r"^--bytenet-decoding recompute needs ByteNet models \(--path\), got Linear$"):
+        task.build_generator([torch.nn.Linear(1, 1)], argparse.Namespace())
