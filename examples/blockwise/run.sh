@@ -8,7 +8,9 @@
 #             self      = base frozen, heads trained on the base's own greedy outputs (the exact setting)
 #             regular   = base frozen, original data      distilled = base frozen, beam-distilled data
 #             finetuned = all parameters, original data    both      = all parameters, distilled data
-#             (the fine-tuned ones continue from the frozen ones of the same data). Frozen variants train
+#             self-finetuned = all parameters, the base's own greedy outputs
+#             (the fine-tuned ones continue from the frozen ones of the same data, with a KL term to the
+#             frozen baseline's distribution so that p_1 stays close to the model the heads learnt). Frozen variants train
 #             to a plateau of the heads' mean validation accuracy (proposal_accuracy, patience 3)
 #   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
@@ -57,13 +59,17 @@ fi
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------
 hours() { python -c "print($1 / 60)"; }
 # Frozen variants: a plateau of the heads' mean validation accuracy, within EPOCHS (and MINUTES if given);
-# fine-tuned ones: FINETUNE_UPDATES.
+# fine-tuned ones: FINETUNE_UPDATES (and MINUTES).
 variant_stop() {
   case $1 in
     self|regular|distilled)
       echo "--max-epoch ${EPOCHS:-40} --patience ${PATIENCE:-3} --best-checkpoint-metric proposal_accuracy"
       echo "--maximize-best-checkpoint-metric ${MINUTES:+--stop-time-hours $(hours "$MINUTES")}" ;;
-    *) echo "--max-update ${FINETUNE_UPDATES:-200}" ;;
+    # Fine-tuned: the checkpoint whose p_1 (exact blockwise = its greedy decoding) has the best validation
+    # BLEU, since the base itself changes.
+    *) echo "--max-update ${FINETUNE_UPDATES:-200} ${MINUTES:+--stop-time-hours $(hours "$MINUTES")}"
+       echo "--eval-bleu --eval-bleu-args {\"beam\":1} --eval-bleu-remove-bpe sentencepiece"
+       echo "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric" ;;
   esac
 }
 # Fine-tuning starts from the frozen variant's heads: unfreezing a base under freshly initialised heads lets
@@ -72,13 +78,15 @@ variant_stop() {
 # evaluation mode), so --dropout only acts in the heads.
 variant_flags() {  # data dir, warm-start checkpoint, then extra fairseq-train flags, of one variant
   local frozen="--blockwise-base-checkpoint $BASE_CKPT --blockwise-freeze-base --lr ${LR_FROZEN:-1e-3} --dropout 0.1"
+  local tuned="--lr ${LR_FINETUNE:-1e-4} --blockwise-teacher-checkpoint $BASE_CKPT --blockwise-teacher-weight ${TEACHER_WEIGHT:-1.0}"
   case $1 in
     self)      echo "$SELF_DISTILL/bin $frozen" ;;
     regular)   echo "$BASE/data/bin $frozen" ;;
     distilled) echo "$DISTILL/bin $frozen" ;;
-    finetuned) echo "$BASE/data/bin --blockwise-base-checkpoint $WORK/regular/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
-    both)      echo "$DISTILL/bin --blockwise-base-checkpoint $WORK/distilled/checkpoints/checkpoint_best.pt --lr ${LR_FINETUNE:-1e-4}" ;;
-    *) echo "unknown variant $1 (self regular distilled finetuned both)" >&2; exit 2 ;;
+    finetuned) echo "$BASE/data/bin --blockwise-base-checkpoint $WORK/regular/checkpoints/checkpoint_best.pt $tuned" ;;
+    both)      echo "$DISTILL/bin --blockwise-base-checkpoint $WORK/distilled/checkpoints/checkpoint_best.pt $tuned" ;;
+    self-finetuned) echo "$SELF_DISTILL/bin --blockwise-base-checkpoint $WORK/self/checkpoints/checkpoint_best.pt $tuned" ;;
+    *) echo "unknown variant $1 (self regular distilled finetuned both self-finetuned)" >&2; exit 2 ;;
   esac
 }
 if stage train; then

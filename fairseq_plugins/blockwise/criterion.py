@@ -67,7 +67,7 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
 
     @staticmethod
     def _load_teacher(task, path: str):
-        from fairseq import checkpoint_utils
+        from fairseq import checkpoint_utils, models
 
         flag = f"--blockwise-teacher-checkpoint {path}"
         try:
@@ -75,7 +75,9 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         except FileNotFoundError:
             raise InputError(f"{flag}: no such file")
         cfg = state["cfg"]
-        teacher = task.build_model(cfg.model, from_checkpoint=True)
+        # The model registry, not task.build_model: the task would also set up its --eval-bleu generator
+        # for this model, and the blockwise generator refuses a teacher without proposal heads.
+        teacher = models.build_model(cfg.model, task, from_checkpoint=True)
         try:
             teacher.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
         except RuntimeError as error:
