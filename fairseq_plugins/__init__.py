@@ -32,6 +32,6 @@ fairseq_fixes.keep_last_partial_batch()
 
 # Method subpackages: each registers its models, tasks and criterions on import. Each also names the
 # fairseq task whose generator `fairseq-plugins bench --method NAME` measures (BENCH_TASK).
-from . import baseline, blockwise, bytenet, double_token, lattice, rnn_fc  # noqa: E402
+from . import baseline, blockwise, bytenet, double_token, fast_step, lattice, rnn_fc  # noqa: E402
 
-METHOD_PACKAGES = (baseline, blockwise, bytenet, double_token, lattice, rnn_fc)
+METHOD_PACKAGES = (baseline, blockwise, bytenet, double_token, fast_step, lattice, rnn_fc)

@@ -12,7 +12,7 @@ from conftest import DictionaryTask, word_dictionary
 
 from fairseq_plugins.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
-from fairseq_plugins.rnn_fc.steppers import OutputLayer
+from fairseq_plugins.candidates import OutputLayer
 
 # fbgemm's dynamic kernel quantizes activations to 128 levels (reduce_range) over the call's range, which the
 # guard row fixes to [-1, 1] after each row is divided by its largest magnitude.

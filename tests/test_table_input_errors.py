@@ -1,5 +1,5 @@
 """Bad input to the lattice's IBM-2 tables and rnn_fc's candidate lists: a clear error naming the file, line or
-flag, before any work (the checks in lattice/ibm2.py and rnn_fc/shortlist.py that no other test runs)."""
+flag, before any work (the checks in lattice/ibm2.py and candidates/shortlist.py that no other test runs)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from conftest import word_dictionary
 
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.ibm2 import TABLE_FORMAT, CandidateTable
-from fairseq_plugins.rnn_fc.shortlist import Shortlist, read_lexical_table
+from fairseq_plugins.candidates import Shortlist, read_lexical_table
 
 
 def build(sources, targets, alignments, **kwargs):

@@ -6,7 +6,7 @@ import os
 from fairseq.data import Dictionary
 
 from ..common.textio import InputError, non_negative_int, positive_int
-from .shortlist import Shortlist, read_lexical_table
+from ..candidates import Shortlist, read_lexical_table
 
 logger = logging.getLogger(__name__)
 

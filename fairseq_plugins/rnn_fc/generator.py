@@ -13,7 +13,7 @@ import torch
 from ..common.generation import MethodGenerator
 from .model import RnnFcModel
 from .search import BeamSearch
-from .shortlist import Shortlist
+from ..candidates import Shortlist
 from .steppers import SPEEDUPS, FairseqStepper, RnnFcStepper
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from .generator import RnnFcGenerator
-from .shortlist import Shortlist
-from .steppers import PRECISIONS, SPEEDUPS
+from ..candidates import PRECISIONS, Shortlist
+from .steppers import SPEEDUPS
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,277 @@
+"""``FastDecoderStep``: one incremental step of a fairseq ``TransformerDecoder`` without fairseq's per-step work.
+
+fairseq's incremental decoder re-derives at every step what does not change: positions from the token
+history, the cross-attention keys and values of the source (looked up from a dictionary of dictionaries), the
+q, k and v projections as three matmuls, the caches grown by ``torch.cat`` and reordered in full. At batch 1 a
+step is bound by reading the weights, so the engine reads each weight once a step and does nothing else:
+
+- a static position table, computed once from the decoder's own positional embedding module;
+- self-attention keys and values in preallocated caches (rows, heads, length, head_dim), written in place and
+  reordered by index over the filled positions only;
+- the fused q/k/v projection of self-attention (one weight pass instead of three), and attention as one
+  ``scaled_dot_product_attention`` call (fairseq: two matmuls, a softmax and the transposes; equal to 1e-6);
+- the cross-attention keys and values projected once a sentence; reordered only when the rows change
+  sentences (a beam's hypotheses share their sentence's source);
+- optionally int8 weights with per-row activation scales (``fairseq_plugins.int8``: a row's result does not
+  depend on the batch).
+
+The arithmetic of a row is fairseq's (the same operations; the fused projection, the attention kernel and
+the preallocated caches change the memory layout and the summation order only), so float32 logits agree
+with fairseq's to float rounding (1e-5 on the baseline); ``unsupported_reason`` names every decoder feature the engine does not implement, and the engine
+refuses such a decoder rather than compute something else.
+"""
+
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..candidates import PRECISIONS, OutputLayer
+from ..int8 import Int8Matrix
+
+
+def unsupported_reason(decoder: nn.Module) -> Optional[str]:
+    """Why the engine cannot run ``decoder`` exactly, or None when it can."""
+    from fairseq.models.transformer import TransformerDecoderBase
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+
+    name = type(decoder).__name__
+    if not isinstance(decoder, TransformerDecoderBase):
+        return f"{name} is not a fairseq TransformerDecoder"
+    for method in ("extract_features_scriptable", "forward", "output_layer"):
+        if getattr(type(decoder), method) is not getattr(TransformerDecoderBase, method):
+            return f"{name} overrides TransformerDecoder.{method} (a decoder layout the engine does not know)"
+    if decoder.adaptive_softmax is not None:
+        return "an adaptive softmax output layer"
+    if not isinstance(decoder.output_projection, nn.Linear):
+        return "an output projection that is not a Linear layer"
+    if decoder.cross_self_attention:
+        return "--cross-self-attention"
+    for index, layer in enumerate(decoder.layers):
+        where = f"decoder layer {index}"
+        if type(layer).forward is not TransformerDecoderLayerBase.forward:
+            return f"{where}: {type(layer).__name__} overrides the transformer decoder layer's forward"
+        if layer.encoder_attn is None:
+            return f"{where}: no encoder attention (--no-encoder-attn)"
+        if any(getattr(layer, part, None) is not None for part in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")):
+            return f"{where}: NormFormer scaling (--scale-attn/--scale-heads/--scale-fc/--scale-resids)"
+        for attention_name in ("self_attn", "encoder_attn"):
+            attention = getattr(layer, attention_name)
+            if attention.bias_k is not None or attention.add_zero_attn:
+                return f"{where}: {attention_name} with --add-bias-kv or --add-zero-attn"
+            if not attention.qkv_same_dim:
+                return f"{where}: {attention_name} with key/value dimensions other than the model's"
+            if getattr(attention, "rotary_pos_embed", False) or getattr(attention, "xformers_att_config", None):
+                return f"{where}: {attention_name} with rotary embeddings or xformers attention"
+        if not isinstance(layer.fc1, nn.Linear) or not isinstance(layer.fc2, nn.Linear):
+            return f"{where}: a feed-forward block that is not two Linear layers (quantization noise?)"
+    return None
+
+
+def _linear(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[[Tensor], Tensor]:
+    weight = weight.detach()
+    bias = None if bias is None else bias.detach()
+    if precision == "fp32":
+        return lambda x: F.linear(x, weight, bias)
+    matrix = Int8Matrix(weight)
+    if bias is None:
+        return matrix
+    return lambda x: matrix(x).add_(bias)
+
+
+def _layer_norm(module: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
+    if module is None:
+        return None
+    shape, weight, bias, eps = module.normalized_shape, module.weight.detach(), module.bias.detach(), module.eps
+    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+
+
+def _cat_linear(modules: List[nn.Linear]):
+    weight = torch.cat([m.weight.detach() for m in modules])
+    if all(m.bias is None for m in modules):
+        return weight, None
+    return weight, torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features)
+                              for m in modules])
+
+
+class _Layer:
+    """One decoder layer's weights as plain callables."""
+
+    def __init__(self, layer, precision: str):
+        attention = layer.self_attn
+        self.heads, self.head_dim = attention.num_heads, attention.head_dim
+        self.scaling = attention.scaling
+        self.normalize_before = layer.normalize_before
+        self.qkv = _linear(*_cat_linear([attention.q_proj, attention.k_proj, attention.v_proj]), precision)
+        self.self_out = _linear(attention.out_proj.weight, attention.out_proj.bias, precision)
+        self.self_norm = _layer_norm(layer.self_attn_layer_norm)
+        cross = layer.encoder_attn
+        self.cross_q = _linear(cross.q_proj.weight, cross.q_proj.bias, precision)
+        # Once a sentence over all source positions: float32 (the batch of source rows is where a float
+        # matmul is efficient, and int8 would add error for no gain).
+        self.cross_k = _linear(cross.k_proj.weight, cross.k_proj.bias, "fp32")
+        self.cross_v = _linear(cross.v_proj.weight, cross.v_proj.bias, "fp32")
+        self.cross_out = _linear(cross.out_proj.weight, cross.out_proj.bias, precision)
+        self.cross_norm = _layer_norm(layer.encoder_attn_layer_norm)
+        self.fc1 = _linear(layer.fc1.weight, layer.fc1.bias, precision)
+        self.fc2 = _linear(layer.fc2.weight, layer.fc2.bias, precision)
+        self.activation = layer.activation_fn
+        self.final_norm = _layer_norm(layer.final_layer_norm)
+
+
+class FastDecoderStep:
+    """Incremental decoding of ``decoder`` one position at a time for ``rows`` hypotheses.
+
+    ``start(encoder_out)`` takes fairseq's encoder output (one row per hypothesis), ``step(tokens)`` the
+    previous token of each row and returns the decoder features of the next position (rows, embed_dim),
+    ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names.
+    """
+
+    def __init__(self, decoder: nn.Module, precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        reason = unsupported_reason(decoder)
+        if reason is not None:
+            raise ValueError(f"the fast decoder step does not support this model: {reason}")
+        self.precision = precision
+        self.padding_idx = decoder.padding_idx
+        self.embed_tokens = decoder.embed_tokens.weight.detach()
+        self.embed_scale = decoder.embed_scale
+        self.project_in = None if decoder.project_in_dim is None else _linear(
+            decoder.project_in_dim.weight, decoder.project_in_dim.bias, precision)
+        self.embed_positions = decoder.embed_positions
+        self.positions = None
+        self.embedding_norm = _layer_norm(decoder.layernorm_embedding)
+        self.layers = [_Layer(layer, precision) for layer in decoder.layers]
+        self.final_norm = _layer_norm(decoder.layer_norm)
+        self.project_out = None if decoder.project_out_dim is None else _linear(
+            decoder.project_out_dim.weight, decoder.project_out_dim.bias, precision)
+        self.output = OutputLayer(decoder.output_projection.weight, decoder.output_projection.bias, precision)
+        self.embed_dim = self.layers[0].heads * self.layers[0].head_dim
+        self.max_positions = decoder.max_positions()
+        self.rows = 0
+
+    # ---- positions ------------------------------------------------------------------------------------
+    def _position_table(self, length: int) -> Optional[Tensor]:
+        """Position embeddings of steps 0..length-1, from the decoder's own module (learned or sinusoidal):
+        step t of an unpadded prefix has position padding_idx + 1 + t in both."""
+        if self.embed_positions is None:
+            return None
+        if self.positions is None or self.positions.size(0) < length:
+            length = min(max(length, 2 * (0 if self.positions is None else self.positions.size(0))),
+                         self.max_positions)
+            dummy = torch.full((1, length), self.padding_idx + 1, dtype=torch.long,
+                               device=self.embed_tokens.device)
+            with torch.no_grad():
+                self.positions = self.embed_positions(dummy)[0].detach()
+        return self.positions
+
+    # ---- per batch --------------------------------------------------------------------------------------
+    def start(self, encoder_out: Dict[str, List[Tensor]], max_steps: int = 64) -> None:
+        """Cross-attention keys/values of every row's source, and empty self-attention caches."""
+        memory = encoder_out["encoder_out"][0]  # (source length, rows, d)
+        padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        rows = memory.size(1)
+        self.rows, self.length = rows, 0
+        # (rows, 1, 1, source length): True where the source is a token (fairseq masks out the padding)
+        self.source_attend = None if padding is None or not bool(padding.any()) else ~padding[:, None, None, :]
+        self.cross_keys, self.cross_values = [], []
+        for layer in self.layers:
+            shape = (memory.size(0), rows, layer.heads, layer.head_dim)
+            # (rows, heads, source length, head_dim)
+            self.cross_keys.append(layer.cross_k(memory).view(shape).permute(1, 2, 0, 3).contiguous())
+            self.cross_values.append(layer.cross_v(memory).view(shape).permute(1, 2, 0, 3).contiguous())
+        self._allocate(rows, max_steps)
+        self._position_table(max_steps)
+
+    def _allocate(self, rows: int, steps: int) -> None:
+        device = self.embed_tokens.device
+        self.capacity = steps
+        self.keys = [torch.empty(rows, layer.heads, steps, layer.head_dim, device=device) for layer in self.layers]
+        self.values = [torch.empty_like(k) for k in self.keys]
+
+    def _grow(self) -> None:
+        """Double the caches' length (a sentence longer than start's max_steps)."""
+        old_keys, old_values, length = self.keys, self.values, self.length
+        self._allocate(old_keys[0].size(0), 2 * self.capacity)
+        for new, old in zip(self.keys + self.values, old_keys + old_values):
+            new[:, :, :length] = old[:, :, :length]
+
+    def reorder(self, order: Tensor) -> None:
+        """Keep rows ``order`` (fairseq's reorder_incremental_state): beam reordering or finished sentences."""
+        rows, length = order.numel(), self.length
+        if rows == self.rows and bool(torch.equal(order, torch.arange(rows, device=order.device))):
+            return
+        for cache in self.keys + self.values:
+            cache[:rows, :, :length] = cache[:self.rows, :, :length].index_select(0, order)
+        if rows != self.rows:
+            # The rows now belong to other sentences. With the same row count, ``order`` only permutes the
+            # hypotheses of each sentence (fairseq's beam search), which share their sentence's source.
+            self.cross_keys = [k.index_select(0, order) for k in self.cross_keys]
+            self.cross_values = [v.index_select(0, order) for v in self.cross_values]
+            if self.source_attend is not None:
+                self.source_attend = self.source_attend.index_select(0, order)
+        self.rows = rows
+
+    # ---- one step --------------------------------------------------------------------------------------
+    def step(self, tokens: Tensor) -> Tensor:
+        """Decoder features (rows, d) of the position after each row's prefix, whose last token is ``tokens``."""
+        t = self.length
+        if t >= self.capacity:
+            self._grow()
+        rows = tokens.numel()
+        x = self.embed_scale * F.embedding(tokens.view(rows), self.embed_tokens)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        positions = self._position_table(t + 1)
+        if positions is not None:
+            x = x + positions[t]
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        for index, layer in enumerate(self.layers):
+            heads, head_dim = layer.heads, layer.head_dim
+            # self-attention over the prefix
+            residual = x
+            if layer.normalize_before:
+                x = layer.self_norm(x)
+            q, k, v = layer.qkv(x).view(rows, 3, heads, 1, head_dim).unbind(1)
+            keys, values = self.keys[index], self.values[index]
+            keys[:rows, :, t:t + 1] = k
+            values[:rows, :, t:t + 1] = v
+            # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
+            context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + 1], values[:rows, :, :t + 1],
+                                                     scale=layer.scaling)
+            x = residual + layer.self_out(context.reshape(rows, heads * head_dim))
+            if not layer.normalize_before:
+                x = layer.self_norm(x)
+            # attention over the source
+            residual = x
+            if layer.normalize_before:
+                x = layer.cross_norm(x)
+            q = layer.cross_q(x).view(rows, heads, 1, head_dim)
+            context = F.scaled_dot_product_attention(q, self.cross_keys[index], self.cross_values[index],
+                                                     attn_mask=self.source_attend, scale=layer.scaling)
+            x = residual + layer.cross_out(context.reshape(rows, heads * head_dim))
+            if not layer.normalize_before:
+                x = layer.cross_norm(x)
+            # feed-forward
+            residual = x
+            if layer.normalize_before:
+                x = layer.final_norm(x)
+            x = residual + layer.fc2(layer.activation(layer.fc1(x)))
+            if not layer.normalize_before:
+                x = layer.final_norm(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        self.length = t + 1
+        return x
+
+    def logits(self, features: Tensor) -> Tensor:
+        """The output layer: (rows, d) -> (rows, V), or (rows, C) over each sentence's candidate list (see
+        ``OutputLayer.prepare``; the rows of a sentence are consecutive, as many for each sentence)."""
+        sentences = self.output.candidates.size(0) if self.output.candidates is not None else 1
+        logits = self.output(features.view(sentences, -1, features.size(-1)))
+        return logits.view(features.size(0), -1)
