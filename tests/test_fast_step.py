@@ -1,0 +1,263 @@
+"""The fast decoder step (fairseq_plugins/fast_step): fairseq's logits for every decoder layout it accepts,
+fairseq's hypotheses through the stock beam search and the greedy loop, a clear refusal of every layout it
+does not implement, and the task flags through fairseq-generate."""
+
+import argparse
+import os
+
+import pytest
+import torch
+from conftest import USER_DIR, DictionaryTask, random_batch, run, word_dictionary
+from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_plugins.candidates import Shortlist
+from fairseq_plugins.fast_step import FastDecoderStep, FastStepSequenceGenerator, unsupported_reason
+
+
+def random_transformer(dictionary, seed=0, input_dim=None, **overrides):
+    """A 2+2-layer, 32-d fairseq transformer with random weights and the given architecture flags (and, with
+    ``input_dim``, target embeddings of that size projected in, as fairseq builds a decoder given them)."""
+    torch.manual_seed(seed)
+    args = argparse.Namespace(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+                              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
+                              decoder_attention_heads=4, max_source_positions=64, max_target_positions=64,
+                              dropout=0.0, **overrides)
+    base_architecture(args)
+    model = TransformerModel.build_model(args, DictionaryTask(dictionary)).eval()
+    if input_dim is not None:
+        from fairseq.models.transformer import Embedding, Linear
+
+        model.decoder.embed_tokens = Embedding(len(dictionary), input_dim, dictionary.pad())
+        model.decoder.project_in_dim = Linear(input_dim, args.decoder_embed_dim, bias=False)
+    with torch.no_grad():  # biases and norms away from their initial 0/1, so a dropped term shows
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "layer_norm" in name or "layernorm" in name:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+LAYOUTS = {
+    "post-norm, sinusoidal, shared output": {"share_decoder_input_output_embed": True},
+    "pre-norm": {"decoder_normalize_before": True, "encoder_normalize_before": True},
+    "learned positions, separate output": {"decoder_learned_pos": True, "encoder_learned_pos": True},
+    "embedding layer norm, no embedding scale": {"layernorm_embedding": True, "no_scale_embedding": True},
+    "input/output projections": {"input_dim": 24, "decoder_output_dim": 24},
+    "no positions": {"no_token_positional_embeddings": True},
+    "gelu": {"activation_fn": "gelu", "decoder_normalize_before": True},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_engine_logits_are_fairseqs_for_every_supported_layout(layout):
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary, **LAYOUTS[layout])
+    assert unsupported_reason(model.decoder) is None
+    if layout == "input/output projections":
+        assert model.decoder.project_in_dim is not None and model.decoder.project_out_dim is not None
+    sample = random_batch(dictionary, 3, src_len=7, seed=1)  # padded sources: the attention mask is used
+    engine = FastDecoderStep(model.decoder)
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (3, 9), generator=torch.Generator().manual_seed(2))
+    prefix[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        expected = model.decoder(prefix, encoder_out=encoder_out)[0]  # the full forward, all positions at once
+        engine.start(encoder_out, max_steps=4)  # 9 steps: the caches grow twice
+        for t in range(prefix.size(1)):
+            logits = engine.logits(engine.step(prefix[:, t]))
+            torch.testing.assert_close(logits, expected[:, t], rtol=0, atol=2e-5)
+
+
+def test_reorder_keeps_the_named_rows_and_their_sources():
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    sample = random_batch(dictionary, 4, seed=3)
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (4, 6), generator=torch.Generator().manual_seed(4))
+    prefix[:, 0] = dictionary.eos()
+    engine = FastDecoderStep(model.decoder)
+    order = torch.tensor([2, 0])  # sentences 2 and 0 stay, in that order
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        kept = model.encoder.reorder_encoder_out(encoder_out, order)
+        expected = model.decoder(prefix[order], encoder_out=kept)[0]
+        engine.start(encoder_out)
+        for t in range(3):
+            engine.step(prefix[:, t])
+        engine.reorder(order)
+        for t in range(3, 6):
+            logits = engine.logits(engine.step(prefix[order, t]))
+            torch.testing.assert_close(logits, expected[:, t], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"cross_self_attention": True}, "--cross-self-attention"),
+    ({"no_decoder_final_norm": False, "scale_attn": True}, "NormFormer"),
+    ({"adaptive_softmax_cutoff": "10", "criterion": "adaptive_loss"}, "adaptive softmax"),
+])
+def test_unsupported_layouts_are_named(overrides, reason):
+    model = random_transformer(word_dictionary(), **overrides)
+    assert reason in unsupported_reason(model.decoder)
+    with pytest.raises(ValueError, match="does not support this model: .*" + reason):
+        FastDecoderStep(model.decoder)
+
+
+def test_a_decoder_that_is_not_a_transformer_is_refused():
+    from fairseq.models.lstm import LSTMDecoder
+
+    decoder = LSTMDecoder(word_dictionary(), embed_dim=8, hidden_size=8, out_embed_dim=8, encoder_output_units=8)
+    assert "is not a fairseq TransformerDecoder" in unsupported_reason(decoder)
+
+
+# ---- the trained tiny baseline: hypotheses through fairseq's generators ---------------------------------------
+
+def load(checkpoint, batch_size):
+    from fairseq import checkpoint_utils
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    task.load_dataset("test", task_cfg=cfg.task)
+    dataset = task.dataset("test")
+    batches = [dataset.collater([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+               for start in range(0, len(dataset), batch_size)]
+    return models[0].eval(), task, batches
+
+
+def hypotheses_by_id(generator, model, batches):
+    by_id = {}
+    with torch.no_grad():
+        for batch in batches:
+            for sentence, hyps in zip(batch["id"].tolist(), generator.generate([model], batch)):
+                by_id[sentence] = [(h["tokens"].tolist(), float(h["score"]), h["positional_scores"]) for h in hyps]
+    return [by_id[sentence] for sentence in sorted(by_id)]
+
+
+def assert_same_hypotheses(fast, stock, scores=True):
+    assert len(fast) == len(stock) == 40
+    for sentence, (mine, theirs) in enumerate(zip(fast, stock)):
+        assert [h[0] for h in mine] == [h[0] for h in theirs], sentence  # every n-best list, token for token
+        if not scores:
+            continue
+        for (_, score, positional), (_, their_score, their_positional) in zip(mine, theirs):
+            assert abs(score - their_score) < 1e-4, sentence
+            torch.testing.assert_close(positional, their_positional, rtol=0, atol=1e-4)
+
+
+GENERATOR_SETTINGS = {
+    "greedy": {"beam_size": 1},
+    "greedy, min/max length, unk penalty, length penalty": {"beam_size": 1, "min_len": 3, "max_len_b": 6,
+                                                            "max_len_a": 0, "unk_penalty": 0.5, "len_penalty": 0.5},
+    "greedy, no-repeat bigrams (fairseq's beam search)": {"beam_size": 1, "no_repeat_ngram_size": 2},
+    "beam 5": {"beam_size": 5},
+    "beam 5, unnormalized scores": {"beam_size": 5, "normalize_scores": False},
+}
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+@pytest.mark.parametrize("setting", sorted(GENERATOR_SETTINGS))
+def test_fast_step_gives_the_stock_generators_hypotheses(trained, setting, batch_size):
+    model, task, batches = load(trained["checkpoint"], batch_size)
+    kwargs = GENERATOR_SETTINGS[setting]
+    stock = SequenceGenerator([model], task.target_dictionary, **kwargs)
+    fast = FastStepSequenceGenerator([model], task.target_dictionary, **kwargs)
+    assert_same_hypotheses(hypotheses_by_id(fast, model, batches), hypotheses_by_id(stock, model, batches))
+    assert fast.generation_stats()["sentences"] == 40 and fast.generation_stats()["decoder_calls"] > len(batches)
+
+
+def test_greedy_loop_is_taken_only_where_it_is_fairseqs_search(trained):
+    model, task, _ = load(trained["checkpoint"], 1)
+    plain = FastStepSequenceGenerator([model], task.target_dictionary, beam_size=1)
+    assert plain._plain_greedy(None, None, None)
+    for kwargs in ({"beam_size": 5}, {"beam_size": 1, "no_repeat_ngram_size": 2}, {"beam_size": 1, "match_source_len": True}):
+        assert not FastStepSequenceGenerator([model], task.target_dictionary, **kwargs)._plain_greedy(None, None, None)
+    assert not plain._plain_greedy(torch.ones(1, 1, dtype=torch.long), None, None)  # --prefix-size
+
+
+@pytest.fixture(scope="module")
+def lists(trained, tmp_path_factory):
+    """Candidate lists of the tiny baseline: top 20 (+ 20 frequent), and lists that hold every word."""
+    work = tmp_path_factory.mktemp("fast_step_lists")
+    data = trained["data"]
+    tok = os.path.join(data, "tok")
+    run("fairseq_plugins.cli", "align", "--source", os.path.join(tok, "train.src"), "--target",
+        os.path.join(tok, "train.tgt"), "--output", work / "train.align", "--lexical-table", work / "lex.txt")
+    paths = {}
+    for name, size in (("top20", 20), ("everything", 1000)):
+        paths[name] = str(work / f"{name}.pt")
+        run("fairseq_plugins.cli", "shortlist", "--lexical-table", work / "lex.txt", "--data-bin",
+            os.path.join(data, "bin"), "-s", "src", "-t", "tgt", "--top", size, "--frequent", size, "--output", paths[name])
+    return paths
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_lists_that_hold_every_word_give_the_full_softmaxs_hypotheses(trained, lists, beam):
+    model, task, batches = load(trained["checkpoint"], 16)
+    everything = Shortlist.load(lists["everything"], task.source_dictionary, task.target_dictionary)
+    fast = FastStepSequenceGenerator([model], task.target_dictionary, beam_size=beam, shortlist=everything)
+    stock = SequenceGenerator([model], task.target_dictionary, beam_size=beam)
+    # The same hypotheses; not the same scores, since a list leaves out the special symbols (<unk> ...),
+    # whose probabilities the full softmax includes.
+    assert_same_hypotheses(hypotheses_by_id(fast, model, batches), hypotheses_by_id(stock, model, batches),
+                           scores=False)
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_int8_and_short_lists_do_not_depend_on_the_batch(trained, lists, beam):
+    model, task, batches = load(trained["checkpoint"], 16)
+    _, _, singles = load(trained["checkpoint"], 1)
+    top20 = Shortlist.load(lists["top20"], task.source_dictionary, task.target_dictionary)
+    generator = FastStepSequenceGenerator([model], task.target_dictionary, beam_size=beam, precision="int8",
+                                          shortlist=top20)
+    fp32 = FastDecoderStep(model.decoder)
+    with torch.no_grad():  # int8 arithmetic ran: the first step's logits differ from float32's, a little
+        encoder_out = model.encoder.forward_torchscript(batches[0]["net_input"])
+        start = torch.full((16,), task.target_dictionary.eos())
+        logits = [engine.start(encoder_out) or engine.logits(engine.step(start)) for engine in (generator.model.engine, fp32)]
+    assert 0 < (logits[0] - logits[1]).abs().max() < 0.5
+    together, alone = hypotheses_by_id(generator, model, batches), hypotheses_by_id(generator, model, singles)
+    assert [[h[0] for h in n_best] for n_best in together] == [[h[0] for h in n_best] for n_best in alone]
+    stats = generator.generation_stats()
+    assert stats["precision"] == "int8" and 20 <= stats["candidates_per_sentence"] < len(task.target_dictionary)
+
+
+# ---- fairseq-generate --task fast_step_translation ------------------------------------------------------------
+
+def generate(trained, *flags, check=True):
+    return run("fairseq_cli.generate", os.path.join(trained["data"], "bin"), "--user-dir", USER_DIR,
+               "--path", trained["checkpoint"], "--gen-subset", "test", "--batch-size", 8, *flags, check=check)
+
+
+def hypothesis_lines(stdout):
+    """H-, D- and P- lines as (line id, scores, text), in id order."""
+    def parsed(line):
+        fields = line.split("\t")
+        if line.startswith("P-"):
+            return fields[0], [float(x) for x in fields[1].split()], ""
+        return fields[0], [float(fields[1])], fields[2]
+    return sorted((parsed(line) for line in stdout.splitlines() if line[:2] in ("H-", "D-", "P-")),
+                  key=lambda line: line[0])
+
+
+def assert_same_lines(fast, stock):
+    """The same texts; scores equal to float32 rounding (fairseq prints P- scores to 4 decimals, so one may
+    round the other way: one unit of the last printed digit)."""
+    assert [(key, len(scores), text) for key, scores, text in fast] == [(key, len(scores), text) for key, scores, text in stock]
+    for (key, scores, _), (_, their_scores, _) in zip(fast, stock):
+        assert max(abs(a - b) for a, b in zip(scores, their_scores)) < 1.5e-4, key
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_fairseq_generate_with_fast_step_prints_the_stock_output(trained, beam):
+    stock = generate(trained, "--task", "translation", "--beam", beam)
+    fast = generate(trained, "--task", "fast_step_translation", "--fast-step", "--beam", beam)
+    assert len(hypothesis_lines(stock.stdout)) == 120
+    assert_same_lines(hypothesis_lines(fast.stdout), hypothesis_lines(stock.stdout))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fast-step-precision", "int8"], "--fast-step-precision: only used with --fast-step"),
+    (["--fast-step-shortlist", "list.pt"], "--fast-step-shortlist: only used with --fast-step"),
+    (["--fast-step", "--print-alignment"], "--print-alignment: not supported with --fast-step"),
+    (["--fast-step", "--fast-step-shortlist", "/nonexistent/list.pt"], "/nonexistent/list.pt"),
+])
+def test_fairseq_generate_refuses_what_the_fast_step_cannot_do(trained, flags, message):
+    result = generate(trained, "--task", "fast_step_translation", *flags, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-1500:]
