@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The fast decoder step (docs/fast-step.md) on the trained baseline transformer, Multi30k test_2016: every
+# figure is `fairseq-plugins bench --method fast_step`, the fast step against fairseq's stock generator on
+# the same model, in the same run, one thread, alternating per batch.
+#
+#   lists : candidate lists of the baseline's dictionaries (fairseq-plugins align --lexical-table on the
+#           training pieces, then fairseq-plugins shortlist: top TOP translations per source piece + the
+#           FREQUENT most frequent target pieces); skipped when LIST exists (examples/rnn_fc makes the same)
+#   exact : fp32, batch 1, greedy and beam 5 (outputs identical to stock): RESULTS/fast_step.json
+#   fast  : greedy at batch 1 with int8, candidate lists, and both (the whole test set, for BLEU):
+#           RESULTS/fast_step_approximate.json
+#   batch : greedy and beam 5 at batch BATCH: RESULTS/fast_step_batch.json
+#
+# Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
+#   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
+#   env: STAGES ("lists exact fast batch"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
+#        FAST_LIMIT (0: the whole test set), RUNS (3), BATCH (32), TOP (20), FREQUENT (100),
+#        LIST (WORK/shortlist.pt), RESULTS (docs/results), DEVICE (cpu), THREADS (1)
+set -euo pipefail
+BASE=${1:-work/baseline}
+WORK=${2:-work/fast_step}
+STAGES=${STAGES:-lists exact fast batch}
+RESULTS=${RESULTS:-docs/results}
+LIST=${LIST:-$WORK/shortlist.pt}
+# shellcheck source=examples/common.sh
+source "$(dirname "$0")/../common.sh"  # use_baseline_data, record (run + keep as provenance), stage
+use_baseline_data "$BASE" "$WORK"
+CHECKPOINT=$BASE/checkpoints/checkpoint_best.pt
+
+if stage lists && [[ ! -f $LIST ]]; then
+  record fairseq-plugins align --source "$DATA/tok/train.en" --target "$DATA/tok/train.de" \
+    --output "$WORK/train.align" --lexical-table "$WORK/lex.en-de.txt"
+  record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
+    --top "${TOP:-20}" --frequent "${FREQUENT:-100}" --output "$LIST"
+fi
+
+# Provenance: the baseline's commands, and those that made the lists (here, or where LIST was made).
+PROVENANCE=("$BASE/commands.txt")
+for commands in "$COMMANDS" "$(dirname "$LIST")/commands.txt"; do
+  if [[ -f $commands && " ${PROVENANCE[*]} " != *" $commands "* ]]; then PROVENANCE+=("$commands"); fi
+done
+
+bench() {  # json label beam batch limit [fast-step flags]
+  local json=$1 label=$2 beam=$3 batch=$4 limit=$5
+  shift 5
+  fairseq-plugins bench --method fast_step --path "$CHECKPOINT" --data "$DATA" --split test \
+    --device "${DEVICE:-cpu}" --threads "${THREADS:-1}" --beam "$beam" --batch-size "$batch" \
+    --runs "${RUNS:-3}" --limit "$limit" --fast-step "$@" --label "$label" \
+    --provenance "${PROVENANCE[@]}" --json "$json" --append
+}
+
+if stage exact; then
+  rm -f "$RESULTS/fast_step.json"
+  for beam in 1 5; do
+    bench "$RESULTS/fast_step.json" "fast step fp32 beam $beam" "$beam" 1 "${LIMIT:-300}"
+  done
+fi
+
+if stage fast; then
+  rm -f "$RESULTS/fast_step_approximate.json"
+  for setting in "int8|--fast-step-precision int8" "candidate lists|--fast-step-shortlist $LIST" \
+                 "int8 + candidate lists|--fast-step-precision int8 --fast-step-shortlist $LIST"; do
+    # shellcheck disable=SC2086  # the flags are words
+    bench "$RESULTS/fast_step_approximate.json" "fast step ${setting%%|*}, greedy" 1 1 "${FAST_LIMIT:-0}" ${setting#*|}
+  done
+fi
+
+if stage batch; then
+  rm -f "$RESULTS/fast_step_batch.json"
+  for beam in 1 5; do
+    bench "$RESULTS/fast_step_batch.json" "fast step fp32 beam $beam batch ${BATCH:-32}" "$beam" "${BATCH:-32}" \
+      "${LIMIT:-300}"
+  done
+fi
