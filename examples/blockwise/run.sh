@@ -20,12 +20,13 @@
 #   env: STAGES ("distill train evaluate bench"), VARIANTS ("self"), K (heads per model, 10),
 #        LAYOUT (separate|joint, the heads' --blockwise-head-layout: separate), FFN_DIM (hidden units per
 #        head; default the base's d_ff, the paper's size), LOSS (mean|sample, --blockwise-loss),
-#        EPOCHS (frozen variants' cap, 40), PATIENCE (3), MINUTES (frozen variants' wall-clock cap, none),
+#        EPOCHS (frozen variants' cap, 40), PATIENCE (3), MINUTES (wall-clock cap of every variant, none),
 #        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10", capped at K),
 #        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json),
 #        BEST_VARIANT (self: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
-#        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), PROPOSAL_VOCAB (2000) and THRESHOLDS
+#        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), TEACHER_WEIGHT (1.0: the KL term to the
+#        baseline when fine-tuning), PROPOSAL_VOCAB (2000) and THRESHOLDS
 #        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json)
 set -euo pipefail
 BASE=${1:-work/baseline}
