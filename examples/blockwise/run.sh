@@ -103,7 +103,7 @@ if stage train; then
       --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
       --max-tokens 4096 $(variant_stop "$variant") --seed 1 \
       --save-dir "$WORK/$variant/checkpoints" --no-epoch-checkpoints \
-      --log-format simple --log-interval 50 2>&1 | tee "$WORK/$variant/train.log"
+      --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/$variant/train.log"  # -a: a resumed run keeps the curve
   done
 fi
 
