@@ -4,6 +4,6 @@ runs over the top translations of its source words plus the most frequent target
 by rnn_fc and the fast decoder step; registers nothing."""
 
 from .output_layer import PRECISIONS, OutputLayer, output_layer_of
-from .shortlist import Shortlist, read_lexical_table
+from .shortlist import Shortlist, TaskCandidateLists, read_lexical_table
 
-__all__ = ["PRECISIONS", "OutputLayer", "Shortlist", "output_layer_of", "read_lexical_table"]
+__all__ = ["PRECISIONS", "OutputLayer", "Shortlist", "TaskCandidateLists", "output_layer_of", "read_lexical_table"]

@@ -144,3 +144,22 @@ class Shortlist:
         held = (self.translations >= 0).sum(1)
         return (f"{int((held > 0).sum())} source words with translations (top {self.translations.size(1)}), "
                 f"{self.frequent.numel()} frequent target words")
+
+
+class TaskCandidateLists:
+    """Mixin for a fairseq task with a candidate-list flag: ``shortlist()`` loads the file that
+    ``candidate_lists_path()`` names once, checked against the task's dictionaries (None without the flag)."""
+
+    _candidate_lists = None
+
+    def candidate_lists_path(self) -> str:
+        raise NotImplementedError
+
+    def shortlist(self):
+        path = self.candidate_lists_path()
+        if not path:
+            return None
+        if self._candidate_lists is None:
+            self._candidate_lists = Shortlist.load(path, self.source_dictionary, self.target_dictionary)
+            logger.info("candidate lists %s: %s", path, self._candidate_lists.summary())
+        return self._candidate_lists

@@ -7,7 +7,6 @@ generator's own code. With candidate lists the log-probabilities are over each s
 other word gets -inf.
 """
 
-import logging
 import math
 from typing import Dict, List, Optional
 
@@ -19,7 +18,6 @@ from torch import Tensor
 
 from .engine import FastDecoderStep
 
-logger = logging.getLogger(__name__)
 
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 

@@ -6,19 +6,16 @@ stock translation. Any model trained with ``--task translation`` (the baseline) 
         --fast-step-precision int8 --fast-step-shortlist shortlist.pt --path checkpoint.pt --beam 1
 """
 
-import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..candidates import PRECISIONS, Shortlist
+from ..candidates import PRECISIONS, TaskCandidateLists
 from ..common.textio import InputError
 from .engine import unsupported_reason
 from .generator import FastStepSequenceGenerator
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,12 +35,11 @@ class FastStepTranslationConfig(TranslationConfig):
 
 
 @register_task("fast_step_translation", dataclass=FastStepTranslationConfig)
-class FastStepTranslationTask(TranslationTask):
+class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
     cfg: FastStepTranslationConfig
 
-    def __init__(self, cfg: FastStepTranslationConfig, src_dict, tgt_dict):
-        super().__init__(cfg, src_dict, tgt_dict)
-        self._shortlist = None
+    def candidate_lists_path(self) -> str:
+        return self.cfg.fast_step_shortlist
 
     def _check_flags(self) -> None:
         if not self.cfg.fast_step:
@@ -51,15 +47,6 @@ class FastStepTranslationTask(TranslationTask):
                                 ("--fast-step-shortlist", bool(self.cfg.fast_step_shortlist))):
                 if given:
                     raise InputError(f"{flag}: only used with --fast-step (add it, or drop {flag})")
-
-    def shortlist(self):
-        if not self.cfg.fast_step_shortlist:
-            return None
-        if self._shortlist is None:
-            self._shortlist = Shortlist.load(self.cfg.fast_step_shortlist, self.source_dictionary,
-                                             self.target_dictionary)
-            logger.info("candidate lists %s: %s", self.cfg.fast_step_shortlist, self._shortlist.summary())
-        return self._shortlist
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):

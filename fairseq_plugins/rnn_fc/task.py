@@ -4,7 +4,6 @@ model, the baseline transformer included (candidate lists, int8, early stopping)
 from it (``--task translation`` trains rnn_fc just as well).
 """
 
-import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
@@ -14,10 +13,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from .generator import RnnFcGenerator
-from ..candidates import PRECISIONS, Shortlist
+from ..candidates import PRECISIONS, TaskCandidateLists
 from .steppers import SPEEDUPS
-
-logger = logging.getLogger(__name__)
 
 
 def parse_speedups(value: str):
@@ -64,21 +61,11 @@ class RnnFcTranslationConfig(TranslationConfig):
 
 
 @register_task("rnn_fc_translation", dataclass=RnnFcTranslationConfig)
-class RnnFcTranslationTask(TranslationTask):
+class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
     cfg: RnnFcTranslationConfig
 
-    def __init__(self, cfg: RnnFcTranslationConfig, src_dict, tgt_dict):
-        super().__init__(cfg, src_dict, tgt_dict)
-        self._shortlist = None
-
-    def shortlist(self):
-        if not self.cfg.rnn_fc_shortlist:
-            return None
-        if self._shortlist is None:
-            self._shortlist = Shortlist.load(self.cfg.rnn_fc_shortlist, self.source_dictionary,
-                                             self.target_dictionary)
-            logger.info("candidate lists %s: %s", self.cfg.rnn_fc_shortlist, self._shortlist.summary())
-        return self._shortlist
+    def candidate_lists_path(self) -> str:
+        return self.cfg.rnn_fc_shortlist
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
