@@ -10,6 +10,11 @@
 #                  its training source at beam 5; OUT/tok/train.{en,de} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
 #                  when OUT/bin is there; uses $USER_DIR and record.
+#   shared_distill BASE
+#                  the beam-5 distilled training set the recipes share (rnn_fc, lattice, blockwise): $DISTILL if
+#                  set, else distill/beam5 beside BASE
+#   distill_beam5 BASE
+#                  builds it (distill_training_set with the shared flags) unless it is there
 
 use_baseline_data() {
   USER_DIR=$(fairseq-plugins user-dir)
@@ -52,3 +57,6 @@ distill_training_set() {
   for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
   rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"
 }
+
+shared_distill() { echo "${DISTILL:-$(dirname "$1")/distill/beam5}"; }
+distill_beam5() { distill_training_set "$1" "$(shared_distill "$1")" --max-len-a 1.2 --max-len-b 10; }

@@ -63,9 +63,10 @@ def test_left_and_right_padded_sources_encode_alike():
             assert bool(batched["encoder_padding_mask"][0][i, n:].all())
 
 
-def test_weight_clipping_keeps_every_matrix_in_range_during_training():
+@pytest.mark.parametrize("layout", ["residual", "paper"])
+def test_weight_clipping_keeps_every_matrix_in_range_during_training(layout):
     dictionary = word_dictionary()
-    model = tiny_model(dictionary, rnn_fc_weight_clip=0.05, rnn_fc_activation_clip=1.0).train()
+    model = tiny_model(dictionary, rnn_fc_weight_clip=0.05, rnn_fc_activation_clip=1.0, rnn_fc_fc_layout=layout).train()
     with torch.no_grad():
         for param in model.clipped_weights():
             param.mul_(10)
@@ -77,7 +78,86 @@ def test_weight_clipping_keeps_every_matrix_in_range_during_training():
     assert float(model.encoder.embed_tokens.weight.abs().max()) > 0.05  # embeddings are not clipped
     with torch.no_grad():
         features = model.decoder.fc_stack(torch.randn(4, 64) * 100, torch.randn(4, 128) * 100)
-    assert float(features.max()) <= 1.0
+    assert float(features.abs().max()) <= 1.0
+
+
+def multi30k_decoder(layout, layers):
+    from fairseq_plugins.rnn_fc.model import RnnFcDecoder, rnn_fc_multi30k
+
+    args = argparse.Namespace(rnn_fc_fc_layout=layout, rnn_fc_fc_layers=layers)
+    rnn_fc_multi30k(args)
+    dictionary = word_dictionary()
+    torch.manual_seed(0)
+    return RnnFcDecoder(args, dictionary, torch.nn.Embedding(len(dictionary), args.decoder_embed_dim),
+                        2 * args.encoder_hidden_size).eval()
+
+
+@pytest.mark.parametrize("layers", [4, 8])
+def test_the_residual_fc_stack_passes_its_input_through_at_initialisation(layers):
+    """The share of the top layer's output (second moment) that varies with the stack's input, over 1,000 random
+    [h; c]: the residual stack keeps it above 0.95; the paper's stack loses most of it with depth (ReLU outputs
+    and skips that only add non-negative values), which is why it is not the default."""
+    def input_dependent_share(decoder):
+        state, context = torch.tanh(torch.randn(1000, 256)), 0.5 * torch.randn(1000, 512)
+        with torch.no_grad():
+            out = torch.tanh(decoder.top_layer(decoder.fc_stack(state, context)))
+        return float(out.var(0).mean() / out.pow(2).mean())
+
+    assert input_dependent_share(multi30k_decoder("residual", layers)) > 0.95
+    assert input_dependent_share(multi30k_decoder("paper", layers)) < 0.5
+    residual = multi30k_decoder("residual", layers)
+    assert len(residual.fc_layers) == layers and residual.fc_input is not None
+    assert all(float(layer.bias.abs().max()) == 0 for layer in residual.fc_layers)
+
+
+def reversal_batch(dictionary, size, generator, longest=6):
+    """Random word sequences of 2..longest words (left-padded) and their reversals (right-padded), as
+    src_tokens, src_lengths, prev_output_tokens, target."""
+    pad, eos = dictionary.pad(), dictionary.eos()
+    lengths = torch.randint(2, longest + 1, (size,), generator=generator)
+    src = torch.full((size, longest), pad)
+    target, prev = torch.full((size, longest + 1), pad), torch.full((size, longest + 1), pad)
+    for i, n in enumerate(lengths.tolist()):
+        words = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator)
+        src[i, longest - n:] = words
+        target[i, :n], target[i, n] = words.flip(0), eos
+        prev[i, 0], prev[i, 1:n + 1] = eos, words.flip(0)
+    return src, lengths, prev, target
+
+
+def test_a_tiny_rnn_fc_learns_to_reverse_its_source_and_uses_it():
+    """Behaviour, not just shapes: 150 Adam updates of 32 sequences teach rnn_fc_tiny (4 residual FC layers) to
+    reverse a 20-word vocabulary's sequences (held-out NLL < 0.1 nats a token, measured 0.02); with each
+    source swapped for another sentence's, the same targets cost > 3 nats a token (measured 6.2)."""
+    dictionary = word_dictionary(20)
+    model = tiny_model(dictionary, rnn_fc_fc_layers=4, dropout=0.0, rnn_fc_fc_dropout=0.0).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    pad = dictionary.pad()
+    for _ in range(150):
+        src, lengths, prev, target = reversal_batch(dictionary, 32, generator)
+        logits, _ = model(src, lengths, prev)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=pad)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    src, lengths, prev, target = reversal_batch(dictionary, 200, torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        own = torch.nn.functional.cross_entropy(model(src, lengths, prev)[0].transpose(1, 2), target, ignore_index=pad)
+        swapped = model(src.roll(1, 0), lengths.roll(1, 0), prev)[0]
+        other = torch.nn.functional.cross_entropy(swapped.transpose(1, 2), target, ignore_index=pad)
+    assert float(own) < 0.1 and float(other) > 3.0
+
+
+def test_checkpoints_from_before_the_residual_layout_load_with_the_papers_stack():
+    dictionary = word_dictionary()
+    args = argparse.Namespace(rnn_fc_top="tanh")
+    rnn_fc_tiny(args)
+    del args.rnn_fc_fc_layout  # what a checkpoint saved before the flag existed holds
+    model = RnnFcModel.build_model(args, DictionaryTask(dictionary))
+    assert model.decoder.layout == "paper" and model.decoder.fc_input is None
+    assert [layer.in_features for layer in model.decoder.fc_layers] == [64 + 128, 128]
 
 
 def test_table2_presets_are_the_fc_depth_and_top_layer_ladder():

@@ -51,10 +51,10 @@ source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stag
 
 # ---- self-distillation (greedy) and sequence-level distillation (beam 5) ---------------------------------
 SELF_DISTILL=$WORK/self_distill
-DISTILL=$WORK/distill
+DISTILL=$(shared_distill "$BASE")
 if stage distill; then
   [[ " $VARIANTS " == *" self "* ]] && distill_training_set "$BASE" "$SELF_DISTILL" --beam 1
-  [[ " $VARIANTS " == *" distilled "* || " $VARIANTS " == *" both "* ]] && distill_training_set "$BASE" "$DISTILL"
+  [[ " $VARIANTS " == *" distilled "* || " $VARIANTS " == *" both "* ]] && distill_beam5 "$BASE"
 fi
 
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------

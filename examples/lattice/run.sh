@@ -2,7 +2,8 @@
 # Sequence-to-lattice translation on Multi30k en->de: tables, training, and the paper's comparisons on our data.
 #
 #   distill  : the baseline transformer (examples/baseline) translates the training source, beam 5; its
-#              outputs become a distilled training set (same dictionaries), binarised in WORK/distill/bin
+#              outputs become a distilled training set (same dictionaries), binarised in DISTILL/bin (shared with the
+#              rnn_fc and blockwise recipes; default work/distill/beam5 beside BASELINE_WORK)
 #   align    : fairseq-plugins align (systran-align, or ALIGN_BACKEND=fast_align) of each training set
 #   table    : fairseq-plugins lattice-table of each, and lattice-recall on test (paper Fig. 1)
 #   train    : lattice_transformer_multi30k (the baseline's encoder, a Markov scorer) for each SYSTEM:
@@ -37,17 +38,18 @@ RESULTS=${RESULTS:-docs/results}
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+DISTILL=$(shared_distill "$BASE")
 
 corpus() { echo "${1%-*}"; }                       # raw-1 -> raw, distill-2 -> distill
 layers() { echo "${1#*-}"; }                       # raw-1 -> 1
-data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$WORK/distill/bin"; fi; }
-tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$WORK/distill/tok"; fi; }
+data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"; fi; }
+tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$DISTILL/tok"; fi; }
 table() { echo "$WORK/$1/table.pt"; }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
 corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
 
 if stage distill; then
-  OMP_NUM_THREADS=${THREADS:-2} distill_training_set "$BASE" "$WORK/distill" --max-len-a 1.2 --max-len-b 10
+  OMP_NUM_THREADS=${THREADS:-2} distill_beam5 "$BASE"
 fi
 
 if stage align; then

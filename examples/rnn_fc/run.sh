@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Fast CPU decoding (Devlin 2017) on Multi30k en->de: rnn_fc models, the decoder switches, candidate lists.
 #
-#   train     : rnn_fc_multi30k variants (SYSTEMS), fairseq-train on the baseline's prepared data:
-#                 fc4-tanh  the preset: AttGRU, 4 FC-ReLU layers (skip every second), FC-tanh top
+#   distill   : the baseline transformer's beam-5 translations of the training set (sequence-level distillation,
+#               shared with the lattice recipe: DISTILL, default work/distill/beam5 beside BASELINE_WORK)
+#   train     : rnn_fc_multi30k variants (SYSTEMS), fairseq-train on the distilled set (TRAIN_ON=raw: the
+#               references) to a plateau of validation loss (--patience 3, EPOCHS a cap), keeping the last
+#               AVERAGE epoch checkpoints:
+#                 fc4-tanh  the preset: AttGRU, 4 FC-ReLU layers, FC-tanh top
 #                 fc0-tanh  no FC-ReLU layers (AttGRU, FC-tanh, softmax)
 #                 fc4-gru   a GRU top layer instead of FC-tanh
 #                 fc8-tanh  8 FC-ReLU layers
+#               LAYOUT (residual) is the FC stack's layout: residual (pre-norm blocks, our fix) or paper
+#   average   : each system's last AVERAGE epoch checkpoints averaged -> checkpoint_avgN.pt, the one every
+#               later stage decodes
 #   align     : fairseq-plugins align --lexical-table of the training pieces (systran-align)
 #   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the 100 most frequent pieces
 #   table1    : paper Table 1 on fc4-tanh: each decoding switch added in turn; per row the BLEU of
 #               fairseq-generate on the whole test set and a bench row (vs fairseq's stock generator on the
 #               same model, same run) -> RESULTS/rnn_fc_table1.json
-#   table2    : paper Table 2: every SYSTEM after VARIANT_EPOCHS epochs (fc4-tanh: its epoch checkpoint),
-#               exact switches on -> RESULTS/rnn_fc_table2_epochN.json (N = VARIANT_EPOCHS)
+#   table2    : paper Table 2: every SYSTEM trained to its plateau (averaged), exact switches on
+#               -> RESULTS/rnn_fc_table2.json
 #   baseline  : the candidate-list, int8 and early-stopping switches on the baseline transformer (any fairseq
 #               model decodes with --task rnn_fc_translation) -> RESULTS/rnn_fc_baseline.json
 #   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
@@ -26,34 +33,57 @@
 #
 # Usage: examples/rnn_fc/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES, SYSTEMS, EPOCHS (12; per system EPOCHS_fc0_tanh ...: the variants default to VARIANT_EPOCHS, 3),
-#        THREADS (training threads, 1), WARMUP (400), BENCH_LIMIT (200), BENCH_RUNS (3), RESULTS (docs/results)
+#   env: STAGES, SYSTEMS, TRAIN_ON (distill | raw), DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
+#        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
+#        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
+#        RESULTS (docs/results)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
-STAGES=${STAGES:-train align shortlist table1 table2 baseline lists versus ctranslate2 summary}
+STAGES=${STAGES:-distill train average align shortlist table1 table2 baseline lists versus ctranslate2 summary}
 SYSTEMS=${SYSTEMS:-fc4-tanh fc0-tanh fc4-gru fc8-tanh}
-EPOCHS=${EPOCHS:-12}
-VARIANT_EPOCHS=${VARIANT_EPOCHS:-3}
-: "${EPOCHS_fc0_tanh:=$VARIANT_EPOCHS}" "${EPOCHS_fc4_gru:=$VARIANT_EPOCHS}" "${EPOCHS_fc8_tanh:=$VARIANT_EPOCHS}"
-WARMUP=${WARMUP:-400}
+TRAIN_ON=${TRAIN_ON:-distill}
+LAYOUT=${LAYOUT:-residual}
+EPOCHS=${EPOCHS:-60}
+AVERAGE=${AVERAGE:-5}
+WARMUP=${WARMUP:-150}
+CLIP_NORM=${CLIP_NORM:-0}
 RESULTS=${RESULTS:-docs/results}
+case $TRAIN_ON in distill|raw) ;; *) echo "TRAIN_ON=$TRAIN_ON: choose distill or raw" >&2; exit 2 ;; esac
+case $LAYOUT in residual|paper) ;; *) echo "LAYOUT=$LAYOUT: choose residual or paper" >&2; exit 2 ;; esac
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+DISTILL=$(shared_distill "$BASE")
 
 fc_layers() { local name=${1#fc}; echo "${name%-*}"; }    # fc4-tanh -> 4
 top_layer() { echo "${1#*-}"; }                          # fc4-tanh -> tanh
-checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg$AVERAGE.pt"; }
+train_bin() { if [[ $TRAIN_ON == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"; fi; }
+
+if stage distill && [[ $TRAIN_ON == distill ]]; then
+  OMP_NUM_THREADS=${THREADS:-1} distill_beam5 "$BASE"
+fi
 
 if stage train; then
   for system in $SYSTEMS; do
-    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$DATA/bin" --user-dir "$USER_DIR" --task translation \
+    mkdir -p "$WORK/$system"
+    # Validation is on the references (the distilled set copies the baseline's valid split).
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" --task translation \
       --source-lang en --target-lang de --arch rnn_fc_multi30k --rnn-fc-fc-layers "$(fc_layers "$system")" \
-      --rnn-fc-top "$(top_layer "$system")" --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-      --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy \
-      --label-smoothing 0.1 --max-tokens 4096 --max-epoch "$(epochs "$system")" --seed 1 \
-      --save-dir "$WORK/$system/checkpoints" --log-format simple --log-interval 50
+      --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
+      --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
+      --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+      --max-tokens 4096 --max-epoch "$(epochs "$system")" --patience 3 --seed 1 \
+      --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
+      --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/$system/train.log"
+  done
+fi
+
+if stage average; then
+  for system in $SYSTEMS; do
+    record fairseq-plugins average-checkpoints --inputs "$WORK/$system/checkpoints" \
+      --num-epoch-checkpoints "$AVERAGE" --output "$(checkpoint "$system")"
   done
 fi
 
@@ -123,12 +153,11 @@ if stage table1; then
 fi
 
 if stage table2; then
-  json=$RESULTS/rnn_fc_table2_epoch$VARIANT_EPOCHS.json
+  json=$RESULTS/rnn_fc_table2.json
   rm -f "$json.tmp"
   for system in $SYSTEMS; do
-    path=$WORK/$system/checkpoints/checkpoint$VARIANT_EPOCHS.pt
-    evaluate "table2-$system-e$VARIANT_EPOCHS" "$path"
-    bench_row "$json.tmp" "$system epoch $VARIANT_EPOCHS" "$path"
+    evaluate "table2-$system" "$(checkpoint "$system")"
+    bench_row "$json.tmp" "$system (averaged at its plateau)" "$(checkpoint "$system")"
   done
   mv "$json.tmp" "$json"
 fi

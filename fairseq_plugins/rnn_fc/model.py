@@ -10,8 +10,14 @@ AttGRU, one target step (h: decoder state, e: embedding of the previous target t
     g = C c                  [z | r | n] parts: the context enters every gate
     z = sigmoid(x_z + u_z + g_z),  r = sigmoid(x_r + u_r + g_r)
     h' = (1 - z) * tanh(x_n + g_n + r * u_n) + z * h
-Then f_0 = [h'; c], f_i = relu(F_i f_{i-1}) (+ f_{i-1} on every second layer, once sizes match), clipped to
---rnn-fc-activation-clip; top o = tanh(T f_N) (or a GRU over f_N); logits = O o.
+Then the FC stack over [h'; c], in one of two layouts (--rnn-fc-fc-layout):
+    paper     f_0 = [h'; c], f_i = relu(F_i f_{i-1}) (+ f_{i-1} on every second layer, once sizes match), clipped
+              to --rnn-fc-activation-clip: the paper's layout. Layers 0 and 2 have no identity path and the skips
+              add non-negative values, so a deep stack washes its input out and trains slowly.
+    residual  f_0 = P [h'; c] (one projection to the FC width), f_i = f_{i-1} + dropout(relu(F_i LN(f_{i-1}))),
+              then LN(f_N): pre-norm residual blocks, the same number of FC-ReLU matrices (+ P).
+Top o = tanh(T f_N) (or a GRU over f_N); logits = O o. The FC matrices start from He initialisation with zero
+biases and the top from Xavier (torch's default Linear init leaves a ReLU stack's output ~independent of its input).
 
 The decoder exposes these pieces (input_projection, state_projection, source_keys, attend, ...) so that the
 fast generator (generator.py) can switch each speedup on and off; ``forward`` runs the same pieces over a
@@ -35,6 +41,7 @@ from ..baseline.model import _default
 logger = logging.getLogger(__name__)
 
 TOP_LAYERS = ("tanh", "gru")
+FC_LAYOUTS = ("residual", "paper")
 
 
 def _embedding(dictionary, dim: int) -> nn.Embedding:
@@ -97,17 +104,39 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
         self.key_proj = nn.Linear(encoder_dim, att, bias=False)
         self.attention_v = nn.Linear(att, 1, bias=False)
         self.context_proj = nn.Linear(encoder_dim, 3 * hidden, bias=False)
-        sizes = [hidden + encoder_dim] + [args.rnn_fc_fc_dim] * args.rnn_fc_fc_layers
-        self.fc_layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layout = args.rnn_fc_fc_layout
+        if self.layout not in FC_LAYOUTS:
+            raise ValueError(f"--rnn-fc-fc-layout {self.layout}: choose one of {', '.join(FC_LAYOUTS)}")
+        layers, width = args.rnn_fc_fc_layers, args.rnn_fc_fc_dim
+        self.fc_dropout = FairseqDropout(args.rnn_fc_fc_dropout, module_name=self.__class__.__name__)
+        self.fc_input = self.fc_norms = self.fc_final_norm = None
+        if self.layout == "paper":
+            sizes = [hidden + encoder_dim] + [width] * layers
+            self.fc_layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+            top_in = sizes[-1]
+        else:
+            self.fc_layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+            if layers:
+                self.fc_input = nn.Linear(hidden + encoder_dim, width)
+                self.fc_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(layers))
+                self.fc_final_norm = nn.LayerNorm(width)
+                nn.init.xavier_uniform_(self.fc_input.weight)
+                nn.init.zeros_(self.fc_input.bias)
+            top_in = width if layers else hidden + encoder_dim
+        for layer in self.fc_layers:
+            nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+            nn.init.zeros_(layer.bias)
         self.activation_clip = args.rnn_fc_activation_clip
         self.top = args.rnn_fc_top
         if self.top not in TOP_LAYERS:
             raise ValueError(f"--rnn-fc-top {self.top}: choose one of {', '.join(TOP_LAYERS)}")
         out_dim = args.decoder_output_dim
         if self.top == "tanh":
-            self.top_layer = nn.Linear(sizes[-1], out_dim)
+            self.top_layer = nn.Linear(top_in, out_dim)
+            nn.init.xavier_uniform_(self.top_layer.weight)
+            nn.init.zeros_(self.top_layer.bias)
         else:
-            self.top_layer = nn.GRU(sizes[-1], out_dim)
+            self.top_layer = nn.GRU(top_in, out_dim)
         if args.share_decoder_input_output_embed:
             if out_dim != embed_dim:
                 raise ValueError(f"--share-decoder-input-output-embed needs --decoder-output-dim ({out_dim}) "
@@ -152,8 +181,17 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
 
     def fc_stack(self, state: Tensor, context: Tensor) -> Tensor:
         x = torch.cat([state, context], dim=-1)
+        if self.layout == "residual":
+            if self.fc_input is None:
+                return x
+            x = self.fc_input(x)
+            for norm, layer in zip(self.fc_norms, self.fc_layers):
+                x = x + self.fc_dropout(torch.relu(layer(norm(x))))
+            x = self.fc_final_norm(x)
+            # A normalised output exceeds a fixed-point range only in outliers; the clip keeps the paper's bound.
+            return x.clamp(-self.activation_clip, self.activation_clip) if self.activation_clip > 0 else x
         for i, layer in enumerate(self.fc_layers):
-            y = torch.relu(layer(self.dropout_module(x)))
+            y = torch.relu(layer(self.fc_dropout(x)))
             # A skip connection on every second layer (the first has a different input size).
             if i % 2 == 1 and y.shape == x.shape:
                 y = y + x
@@ -257,6 +295,12 @@ class RnnFcModel(FairseqEncoderDecoderModel):
                             help="stacked fully-connected ReLU layers above the AttGRU")
         parser.add_argument("--rnn-fc-fc-dim", type=int, metavar="N", help="size of each fully-connected layer")
         parser.add_argument("--rnn-fc-top", choices=TOP_LAYERS, help="top layer below the softmax: FC-tanh or GRU")
+        parser.add_argument("--rnn-fc-fc-layout", choices=FC_LAYOUTS,
+                            help="residual: a projection to the FC width, then pre-norm residual FC-ReLU blocks and "
+                                 "a final layer norm (default); paper: Devlin's stack, skips on every second layer")
+        parser.add_argument("--rnn-fc-fc-dropout", type=float, metavar="D",
+                            help="dropout inside the FC stack (residual: on each block's output; paper: on each "
+                                 "layer's input); --dropout still applies to the embeddings, the top and the softmax")
         parser.add_argument("--rnn-fc-weight-clip", type=float, metavar="W",
                             help="keep every weight matrix in [-W, W] during training, so that it fits a "
                                  "low-precision range (0: off)")
@@ -269,6 +313,8 @@ class RnnFcModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
+        if not hasattr(args, "rnn_fc_fc_layout"):  # a checkpoint saved before the residual layout existed
+            args.rnn_fc_fc_layout = "paper"
         rnn_fc_base(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         encoder_embed = _embedding(src_dict, args.encoder_embed_dim)
@@ -325,9 +371,11 @@ def rnn_fc_base(args):
     _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_hidden_size=512, rnn_fc_attention_dim=512,
          rnn_fc_fc_layers=7, rnn_fc_fc_dim=1024, rnn_fc_top="tanh", rnn_fc_weight_clip=0.0,
          rnn_fc_activation_clip=0.0, share_decoder_input_output_embed=False, share_all_embeddings=False,
-         max_source_positions=1024, max_target_positions=1024)
+         max_source_positions=1024, max_target_positions=1024, rnn_fc_fc_layout="residual")
+    _set(args, rnn_fc_fc_dropout=args.dropout if args.rnn_fc_fc_layout == "paper" else 0.1)
     _set(args, decoder_output_dim=args.decoder_embed_dim)
-    args.rnn_fc_top = str(args.rnn_fc_top)  # checkpoints pickle args: a plain str, never a ChoiceEnum value
+    # checkpoints pickle args: plain strs, never ChoiceEnum values
+    args.rnn_fc_top, args.rnn_fc_fc_layout = str(args.rnn_fc_top), str(args.rnn_fc_fc_layout)
 
 
 # The paper's Table 2 compares FC depth and the top layer; S1-S6 are that ladder at the rnn_fc sizes.
