@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.packed_linear import PackedLinear
 from ..int8 import Int8Matrix
 
 PRECISIONS = ("fp32", "int8")
@@ -22,6 +23,7 @@ class OutputLayer:
         self.weight, self.bias, self.precision = weight.detach(), None if bias is None else bias.detach(), precision
         # A candidate list's int8 rows (and row scales) are the full int8 matrix's rows.
         self.full_int8 = Int8Matrix(self.weight) if precision == "int8" else None
+        self.full_fp32 = PackedLinear(self.weight) if precision == "fp32" else None
         self.candidates = None
         self.weights = self.int8_lists = self.padding = None
 
@@ -45,7 +47,7 @@ class OutputLayer:
             if self.precision == "int8":
                 logits = self.full_int8(x)
             else:
-                logits = F.linear(x, self.weight)
+                logits = self.full_fp32(x)
             return logits if self.bias is None else logits + self.bias
         sentences = range(x.size(0)) if sentence is None else [sentence]
         if self.precision == "int8":

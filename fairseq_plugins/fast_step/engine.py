@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..candidates import PRECISIONS, OutputLayer
+from ..common.packed_linear import PackedLinear
 from ..int8 import Int8Matrix
 
 
@@ -73,7 +74,7 @@ def _linear(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if precision == "fp32":
-        return lambda x: F.linear(x, weight, bias)
+        return PackedLinear(weight, bias)
     matrix = Int8Matrix(weight)
     if bias is None:
         return matrix
