@@ -1,6 +1,6 @@
 """Collect examples/rnn_fc/run.sh's measurements into the paper's tables on our data, with the targets checked.
 
-Reads RESULTS/rnn_fc_{table1,table2_epochN,baseline,lists,vs_baseline,ctranslate2}.json (bench results; each method row has
+Reads RESULTS/rnn_fc_{table1,table2 (else table2_epochN),baseline,lists,vs_baseline,ctranslate2}.json (bench results; each method row has
 fairseq's stock generator measured in the same run) and WORK/eval/<row>.bleu.json (sacreBLEU of fairseq-generate
 on the whole test set). Writes OUT.json and OUT.md.
 
@@ -72,12 +72,16 @@ def main():
             r["speedup_over_plain_separate_runs"] = round(r["sentences_per_s"] / plain["sentences_per_s"], 3)
             r["words_per_s_speedup_over_plain"] = round(r["words_per_s"] / plain["words_per_s"], 3)  # secondary
     table2 = []
-    for path in sorted(glob.glob(os.path.join(args.results, "rnn_fc_table2_epoch*.json"))):
-        for r in load(path):
-            system, _, epoch = r["label"].split()  # "<system> epoch <N>"
-            entry = row(r, f"table2-{system}-e{epoch}")
-            entry.update(system=system, epochs=int(epoch))
-            table2.append(entry)
+    converged = os.path.join(args.results, "rnn_fc_table2.json")
+    if os.path.exists(converged):  # each system at its plateau, averaged: "<system> (averaged at its plateau)"
+        for r in load(converged):
+            system = r["label"].split()[0]
+            table2.append(dict(row(r, f"table2-{system}"), system=system, epochs="plateau"))
+    else:  # the older tables at equal small epoch counts: "<system> epoch <N>"
+        for path in sorted(glob.glob(os.path.join(args.results, "rnn_fc_table2_epoch*.json"))):
+            for r in load(path):
+                system, _, epoch = r["label"].split()
+                table2.append(dict(row(r, f"table2-{system}-e{epoch}"), system=system, epochs=int(epoch)))
     baseline = [row(r, f"baseline-{i}") for i, r in enumerate(load(os.path.join(args.results, "rnn_fc_baseline.json")))]
     lists = []
     for r in load(os.path.join(args.results, "rnn_fc_lists.json")):
@@ -167,7 +171,7 @@ def main():
                   "row's max / the plain decoder's min; [separate runs]: the plain decoder's median run time / the "
                   "row's, not normalised. Words/s over plain: secondary (it rewards longer outputs)."]
     lines += report.flag_note_lines([(r["label"], r) for r in table1])
-    lines += ["", "## Table 2: model variants at equal epochs (exact switches on)", "",
+    lines += ["", "## Table 2: model variants (exact switches on)", "",
               "| system | epochs | BLEU | speed ratio to stock, same model (min-max) | words/s | sentences/s | "
               "stock words/s (same model) |", "|---|---|---|---|---|---|---|"]
     for r in table2:
