@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import plugins_cli
+from fairseq_plugins.common.textio import InputError
 
 
 def bench(trained, *flags, check=True):
@@ -82,6 +83,21 @@ def test_bad_input_is_a_clear_error(trained, tmp_path, flags, message):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not result_path.exists() and os.listdir(tmp_path) == []
+
+
+def test_a_generator_that_leaves_sentences_without_a_hypothesis_is_a_clear_error():
+    from fairseq_plugins.bench.harness import _decoder
+
+    batch = {"id": torch.tensor([4, 7, 9])}
+    nbest = [{"tokens": torch.tensor([5, 2])}]  # one hypothesis: tokens 5 then EOS
+    assert _decoder(lambda b: [nbest] * 3, "the stock generator")(batch) == {4: [5, 2], 7: [5, 2], 9: [5, 2]}
+    for hypos, message in (
+        ([nbest] * 2, "returned 2 hypothesis lists for a batch of 3 sentences; none for sentence ids 9:"),
+        ([nbest, [], nbest], "returned 3 hypothesis lists for a batch of 3 sentences; none for sentence ids 7:"),
+        ([nbest] * 4, "returned 4 hypothesis lists for a batch of 3 sentences: its outputs cannot be compared"),
+    ):
+        with pytest.raises(InputError, match=f"^bench: the test generator \\(Fake\\) {message}"):
+            _decoder(lambda b: hypos, "the test generator (Fake)")(batch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

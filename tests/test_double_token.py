@@ -168,59 +168,114 @@ def test_future_pairs_never_change_earlier_outputs():
 
 # --- the generator -------------------------------------------------------------------------------------------
 
+def natural_order(pairs, order, eod):
+    """The real (token, slot score) entries of a finished hypothesis' pairs, in natural order.
+
+    Written from the method's definition, not with the package's unfolding: every slot writes its token at
+    one end of the sentence being built (bidir: the first slot appends to the left half, the second prepends
+    to the right half; l2r: both append on the left; r2l: both prepend on the right); EOD writes nothing.
+    """
+    left, right = [], []
+    for pair in pairs:
+        for slot, (token, score) in enumerate(pair):
+            if token == eod:
+                continue
+            if order == "l2r" or (order == "bidir" and slot == 0):
+                left.append((token, score))
+            else:
+                right.insert(0, (token, score))
+    return left + right
+
+
 def reference_double_topk(model, net_input, dictionary, eod, order, beam, left_width, pair_width, max_len_b,
                           min_len=1):
-    """Algorithm 1 one sentence at a time, hypothesis by hypothesis, full forward passes, Python lists."""
+    """Algorithm 1 one sentence at a time, hypothesis by hypothesis, full forward passes, Python lists.
+
+    Returns the finished hypotheses, best first, as (natural tokens, positional scores, score): the positional
+    scores are the kept tokens' slot log-probabilities, then the EOS's (the sum of the EOD slots').
+    """
     eos, pad = dictionary.eos(), dictionary.pad()
+    vocab = range(len(dictionary))
     max_len = min(max_len_b, model.max_decoder_positions() - 3)
     encoder_out = model.encoder.forward_torchscript(net_input)
-    live = [([eos, eos], [], 0.0)]  # (inputs, slot scores, cumulative)
+    live = [([], 0.0)]  # (pairs of (token, slot score), cumulative score)
     finished = []
     step = 0
     while True:
-        scored = []
-        for inputs, slots, total in live:
+        scored = []  # per live hypothesis: its two slots' log-probabilities under the length rules
+        for pairs, _ in live:
+            inputs = [eos, eos] + [token for pair in pairs for token, _ in pair]
             enc = model.encoder.reorder_encoder_out(encoder_out, torch.zeros(1, dtype=torch.long))
             logits, _ = model.decoder(torch.tensor([inputs]), encoder_out=enc)
             lp = torch.log_softmax(logits[0, -2:].float(), dim=-1)
             lp[:, pad] = lp[:, eos] = -math.inf
-            for slot, length in ((0, 2 * step), (1, 2 * step + 1)):
+            for slot, length in ((0, 2 * step), (1, 2 * step + 1)):  # the natural length if this slot is EOD
                 if length < min_len:
                     lp[slot, eod] = -math.inf
                 elif length >= max_len:
                     keep = lp[slot, eod].item()
                     lp[slot] = -math.inf
                     lp[slot, eod] = keep
-            scored.append(lp)
-        lefts = sorted(((total + scored[h][0, t].item(), h, t) for h, (_, _, total) in enumerate(live)
-                        for t in range(len(dictionary))), key=lambda c: -c[0])[:left_width]
-        pairs = []
+            scored.append(lp.tolist())
+        # DoubleTopK: every (hypothesis, first-slot token), the best left_width by cumulative score; each with
+        # every second-slot token of its own hypothesis (only EOD after a first-slot EOD); the best pair_width.
+        lefts = []
+        for h, (_, total) in enumerate(live):
+            for left in vocab:
+                lefts.append((total + scored[h][0][left], h, left))
+        lefts = sorted(lefts, key=lambda c: -c[0])[:left_width]
+        candidates = []
         for left_score, h, left in lefts:
-            rights = [eod] if left == eod else range(len(dictionary))
-            pairs += [(left_score + scored[h][1, r].item(), h, left, r) for r in rights]
-        pairs = sorted(pairs, key=lambda c: -c[0])[:pair_width]
-        for score, h, left, right in pairs[:beam]:
+            for right in ([eod] if left == eod else vocab):
+                candidates.append((left_score + scored[h][1][right], h, left, right))
+        candidates = sorted(candidates, key=lambda c: -c[0])[:pair_width]
+        for score, h, left, right in candidates[:beam]:  # FINALIZE: an EOD among the W best
             if (left == eod or right == eod) and score > -math.inf and len(finished) < beam:
-                inputs, slots, _ = live[h]
-                folded = inputs[2:] + [left, right]
-                all_slots = slots + [scored[h][0, left].item(), scored[h][1, right].item()]
-                kept = unfold_indices(folded, order, 2, eod)
-                length = len(kept) + 1
-                finished.append(([folded[i] for i in kept], sum(all_slots) / length))
+                pairs = live[h][0] + [((left, scored[h][0][left]), (right, scored[h][1][right]))]
+                kept = natural_order(pairs, order, eod)
+                every_slot = sum(s for pair in pairs for _, s in pair)
+                positional = [s for _, s in kept] + [every_slot - sum(s for _, s in kept)]
+                finished.append(([t for t, _ in kept], positional, every_slot / (len(kept) + 1)))
         if len(finished) >= beam or 2 * step >= max_len:
             break
-        continuing = [p for p in pairs if p[2] != eod and p[3] != eod][:beam]
+        # EXPANDBEAM: the W best without EOD, padded with impossible hypotheses as a beam of W.
+        continuing = [c for c in candidates if c[2] != eod and c[3] != eod][:beam]
         continuing += [(-math.inf, 0, dictionary.unk(), dictionary.unk())] * (beam - len(continuing))
-        live = [(live[h][0] + [left, right], live[h][1] + [scored[h][0, left].item(), scored[h][1, right].item()],
-                 score) for score, h, left, right in continuing]
+        live = [(live[h][0] + [((left, scored[h][0][left]), (right, scored[h][1][right]))], score)
+                for score, h, left, right in continuing]
         step += 1
-    return sorted(finished, key=lambda f: -f[1])
+    return sorted(finished, key=lambda f: -f[2])
+
+
+def make_the_outputs_vary(model, eod, eod_bias, seed=0):
+    """Add to each position's logits a fixed random row picked by the position and its input token, and
+    ``eod_bias`` to EOD's logit, in full and incremental passes alike.
+
+    The random model alone barely looks at its inputs (its saturated attention makes one token the best
+    everywhere): its hypotheses would repeat one token, in which no token order shows.
+    """
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.decoder.output_projection.out_features
+    table = 3 * torch.randn(16, vocab, vocab, generator=g)  # (position, input token) -> added logits
+    table[..., eod] += eod_bias
+
+    def hook(decoder, args, kwargs, output):
+        inputs, logits = args[0], output[0]  # an incremental call returns the newest positions only
+        positions = torch.arange(inputs.size(1) - logits.size(1), inputs.size(1))
+        return (logits + table[positions, inputs[:, positions]],) + tuple(output[1:])
+
+    model.decoder.register_forward_hook(hook, with_kwargs=True)
 
 
 @pytest.mark.parametrize("order", ["bidir", "l2r", "r2l"])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_batched_double_topk_equals_a_one_hypothesis_at_a_time_reference(order, beam):
+@pytest.mark.parametrize("eod_bias", [0.0, 5.5])
+def test_batched_double_topk_equals_a_one_hypothesis_at_a_time_reference(order, beam, eod_bias):
+    # Without a bias no hypothesis picks EOD: all are cut at the maximum length 9, an odd length that ends with
+    # (middle token, forced EOD). With EOD raised they also end early, at odd and even lengths (EOD in either
+    # slot), so the natural order of every kind of ending is checked.
     model, dictionary, eod = random_model(order, 2, std=0.5)
+    make_the_outputs_vary(model, eod, eod_bias)
     batch = random_batch(dictionary, bsz=4)
     generator = DoubleTokenGenerator(model, dictionary, eod, order, beam_size=beam, left_candidates=2 * beam,
                                      pair_candidates=3 * beam, max_len_b=9)
@@ -230,10 +285,10 @@ def test_batched_double_topk_equals_a_one_hypothesis_at_a_time_reference(order, 
         expected = reference_double_topk(model, net_input, dictionary, eod, order, beam, 2 * beam, 3 * beam, 9)
         ours = hypotheses[i]
         assert len(ours) == len(expected) == beam
-        for hypo, (tokens, score) in zip(ours, expected):
+        for hypo, (tokens, positional, score) in zip(ours, expected):
             assert hypo["tokens"].tolist() == tokens + [dictionary.eos()]
+            assert hypo["positional_scores"].tolist() == pytest.approx(positional, abs=1e-4)
             assert abs(float(hypo["score"]) - score) < 1e-4
-            assert abs(float(hypo["positional_scores"].sum()) / hypo["tokens"].numel() - score) < 1e-4
 
 
 def test_batched_decoding_equals_decoding_one_sentence_at_a_time():

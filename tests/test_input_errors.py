@@ -189,6 +189,18 @@ def test_bench_checks_output_paths_before_any_work(flag, tmp_path, caplog):
         assert exit.value.code == 2 and message in caplog.text
 
 
+def test_an_output_in_a_missing_directory_is_accepted_and_the_directory_made(tmp_path):
+    from fairseq_plugins.common.textio import atomic_output, check_output_path
+
+    # Accepted, not refused: bench writes its outputs with atomic_output, which makes the missing directories,
+    # so nothing fails after the decoding.
+    path = tmp_path / "new" / "sub" / "r.json"
+    check_output_path(str(path), "--json")
+    with atomic_output(str(path)) as f:
+        f.write("{}")
+    assert path.read_text() == "{}" and leftovers(path.parent) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
 def test_an_output_in_a_read_only_directory_is_refused(tmp_path):
     from fairseq_plugins.common.textio import check_output_path
@@ -222,6 +234,24 @@ def test_a_failed_rebuild_leaves_the_old_directory_whole(tmp_path, monkeypatch):
         with open(os.path.join(build_dir, "new.txt"), "w") as f:
             f.write("new")
     assert os.listdir(out) == ["new.txt"] and leftovers(tmp_path) == []
+
+
+def test_a_prepare_that_fails_midway_leaves_the_old_directory_whole(tmp_path, monkeypatch):
+    from fairseq_plugins.common import prepared
+
+    raw = write_corpus(str(tmp_path / "raw"), sizes={"train": 30, "val": 5, "test_2016_flickr": 5})
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def crash(build_dir, *args, **kwargs):  # fairseq-preprocess dies with the raw text already written
+        assert os.path.isdir(os.path.join(build_dir, "raw"))
+        raise RuntimeError("preprocess crashed")
+
+    monkeypatch.setattr(prepared, "_tokenize_and_binarize", crash)
+    with pytest.raises(RuntimeError, match="preprocess crashed"):
+        prepared.prepare(raw, str(out), "src", "tgt", tokenizer="char", overwrite=True)
+    assert os.listdir(out) == ["old.txt"] and (out / "old.txt").read_text() == "old" and leftovers(tmp_path) == []
 
 
 def test_an_output_directory_that_is_a_file_is_refused(tmp_path):

@@ -4,9 +4,12 @@ import itertools
 import json
 import math
 import os
+import random
 import shutil
 import stat
 import subprocess
+from collections import Counter, defaultdict
+from fractions import Fraction
 
 import pytest
 import torch
@@ -162,23 +165,23 @@ def random_table(seed=0, sentences=60, vocab=12, top_n=4):
     return d, CandidateTable.build(sources, targets, alignments, d, d, top_n=top_n), sources
 
 
-def dense_reference(table, source, t, target_length, vocab):
-    """P(y | x, t) = sum_a P(y | x_a, a - t) P(a | S, t), by dictionaries and loops."""
+def diagonal_source_position(t, S, target_length):
+    """Where an (S, t) never counted in training puts P(a | S, t) (docs/lattice.md): the diagonal
+    a = round(t * S / L), i.e. the source position 1 .. S nearest to that ratio rounded (exactly, as Python
+    rounds)."""
+    diagonal = round(Fraction(t * S, target_length))
+    return min(range(1, S + 1), key=lambda a: abs(a - diagonal))
+
+
+def ibm2_reference(lexical, alignment, source, t, target_length, vocab):
+    """P(y | x, t) = sum_a P(y | x_a, a - t) P(a | S, t), by dictionaries and loops.
+
+    ``lexical`` maps (x, a - t) to {y: P(y | x, a - t)}, ``alignment`` maps each counted (S, t) to
+    [P(a | S, t) for a = 1 .. S]; an (S, t) it lacks has all of P(a | S, t) on the diagonal.
+    """
     S = len(source)
-    lexical = {}
-    span = 2 * table.max_offset + 1
-    for row, key in enumerate(table.lexical_keys.tolist()):
-        x, offset = divmod(key, span)
-        lexical[(x, offset - table.max_offset)] = dict(zip(table.lexical_tokens[row].tolist(),
-                                                           table.lexical_probs[row].tolist()))
-    positional = {}
-    for row, key in enumerate(table.alignment_keys.tolist()):
-        s, position = divmod(key, table.max_target_position + 1)
-        positional[(s, position)] = table.alignment_probs[row, :s].tolist()
-    weights = positional.get((S, t)) if t <= table.max_target_position else None
-    if weights is None:
-        weights = [0.0] * S
-        weights[min(max(round(t * S / target_length), 1), S) - 1] = 1.0
+    diagonal = diagonal_source_position(t, S, target_length)
+    weights = alignment.get((S, t), [1.0 if a == diagonal else 0.0 for a in range(1, S + 1)])
     probs = [0.0] * vocab
     for a in range(1, S + 1):
         for y, p in lexical.get((source[a - 1], a - t), {}).items():
@@ -186,26 +189,54 @@ def dense_reference(table, source, t, target_length, vocab):
     return probs
 
 
+def table_as_dictionaries(table):
+    """The table's two count tables as the dictionaries ``ibm2_reference`` reads, decoded from its keys."""
+    lexical = {}
+    span = 2 * table.max_offset + 1
+    for row, key in enumerate(table.lexical_keys.tolist()):
+        x, offset = divmod(key, span)
+        lexical[(x, offset - table.max_offset)] = {y: p for y, p in zip(table.lexical_tokens[row].tolist(),
+                                                                        table.lexical_probs[row].tolist()) if p > 0}
+    alignment = {}
+    for row, key in enumerate(table.alignment_keys.tolist()):
+        S, t = divmod(key, table.max_target_position + 1)
+        alignment[(S, t)] = table.alignment_probs[row, :S].tolist()
+    return lexical, alignment
+
+
 def test_lattice_top_k_agrees_with_a_dense_reference_computation():
     d, table, sources = random_table()
-    batch = sources[:8]
+    lexical, alignment = table_as_dictionaries(table)
+    g = torch.Generator().manual_seed(1)
+    # Sources of the training lengths (1-5 tokens), and of 6 and 7 tokens, no (S, t) of which was counted.
+    batch = sources[:8] + [torch.randint(d.nspecial, len(d), (n,), generator=g).tolist() for n in (6, 7)]
     source = torch.full((len(batch), max(map(len, batch))), d.pad())
     for row, s in enumerate(batch):
         source[row, :len(s)] = torch.tensor(s)
     lengths = torch.tensor([len(s) for s in batch])
-    estimate = table.predicted_lengths(lengths)
-    positions = 9  # beyond every (S, t) seen for some rows: exercises the diagonal backoff
-    dense = table.position_distributions(source, lengths, estimate, positions, len(d))
     excluded = [d.pad(), d.bos(), d.eos()]
-    tokens, probs = table.lattice(source, lengths, estimate, positions, 3, len(d), excluded)
-    for row, s in enumerate(batch):
-        for t in range(1, positions + 1):
-            reference = dense_reference(table, s, t, int(estimate[row]), len(d))
-            assert dense[row, t - 1].tolist() == pytest.approx(reference, abs=1e-6)
-            ranked = sorted((p for y, p in enumerate(reference) if y not in excluded), reverse=True)[:3]
-            assert probs[row, t - 1].tolist() == pytest.approx(ranked, abs=1e-6)
-            for y, p in zip(tokens[row, t - 1].tolist(), probs[row, t - 1].tolist()):
-                assert y not in excluded and reference[y] == pytest.approx(p, abs=1e-6)
+    positions = 14  # beyond every (S, t) seen for some rows: exercises the diagonal backoff
+    # The length estimate (what the generator builds lattices for), then longer lengths (lattice-recall's
+    # reference lengths): past L an uncounted (S, t) backs off to the last source position whatever the
+    # formula, before it to one inside the source; 12 and 14 for the 6- and 7-token sources put t * S / L on
+    # halves, where the rounding shows.
+    longer = torch.tensor([7, 9, 10, 11, 12, 8, 13, 9, 12, 14])
+    backoffs_inside = 0
+    for target_lengths in (table.predicted_lengths(lengths), longer):
+        dense = table.position_distributions(source, lengths, target_lengths, positions, len(d))
+        tokens, probs = table.lattice(source, lengths, target_lengths, positions, 3, len(d), excluded)
+        for row, s in enumerate(batch):
+            L = int(target_lengths[row])
+            for t in range(1, positions + 1):
+                reference = ibm2_reference(lexical, alignment, s, t, L, len(d))
+                assert dense[row, t - 1].tolist() == pytest.approx(reference, abs=1e-6)
+                ranked = sorted((p for y, p in enumerate(reference) if y not in excluded), reverse=True)[:3]
+                assert probs[row, t - 1].tolist() == pytest.approx(ranked, abs=1e-6)
+                for y, p in zip(tokens[row, t - 1].tolist(), probs[row, t - 1].tolist()):
+                    assert y not in excluded and reference[y] == pytest.approx(p, abs=1e-6)
+                if (len(s), t) not in alignment and 1 < diagonal_source_position(t, len(s), L) < len(s):
+                    backoffs_inside += 1
+    assert backoffs_inside >= 20  # the backoff is checked where its formula matters, not only at the ends
 
 
 def test_table_file_round_trip_and_clear_errors(tmp_path):
@@ -419,25 +450,119 @@ def test_lattice_scores_equal_the_training_forward_pass(order):
             assert torch.allclose(hypo["positional_scores"], expected, atol=1e-5)
 
 
-def test_generator_finds_the_best_path_of_the_lattice_by_brute_force():
+def noisy_lexicon_corpus(d, sentences=1500, seed=0):
+    """Sentence pairs drawn word by word: each target token from its source token's own five translations, with
+    unequal probabilities, and linked to it (one link per target token, on the diagonal). Many sentences and
+    unequal probabilities leave no tie at the K-th place of a lattice position, so the lattice is defined."""
+    rng = random.Random(seed)
+    words = list(range(d.nspecial, len(d)))
+    translations = {x: rng.sample(words, 5) for x in words}
+    sources, targets, alignments = [], [], []
+    for _ in range(sentences):
+        S = rng.randint(2, 6)
+        T = S + rng.choice([-1, 0, 1])
+        source = [rng.choice(words) for _ in range(S)]
+        links = [(min(S - 1, round(j * S / T)), j) for j in range(T)]
+        targets.append([rng.choices(translations[source[i]], weights=[40, 25, 17, 11, 7])[0] for i, _ in links])
+        sources.append(source)
+        alignments.append(links)
+    return sources, targets, alignments
+
+
+def counted_model(sources, targets, alignments):
+    """The table's model by its definition (docs/lattice.md), from a corpus with one link per target token, so
+    every link counts 1: P(y | x, a - t) and P(a | S, t) by maximum likelihood (the dictionaries of
+    ``ibm2_reference``), the target unigram P(y), and the least-squares length line (slope, intercept)."""
+    lexical, alignment, unigram = defaultdict(Counter), defaultdict(Counter), Counter()
+    for source, target, links in zip(sources, targets, alignments):
+        assert sorted(j for _, j in links) == list(range(len(target)))
+        for i, j in links:
+            a, t = i + 1, j + 1  # 1-based positions
+            lexical[(source[i], a - t)][target[j]] += 1
+            alignment[(len(source), t)][a] += 1
+        unigram.update(target)
+    lexical = {key: {y: n / sum(counts.values()) for y, n in counts.items()} for key, counts in lexical.items()}
+    alignment = {(S, t): [counts[a] / sum(counts.values()) for a in range(1, S + 1)]
+                 for (S, t), counts in alignment.items()}
+    unigram = {y: n / sum(unigram.values()) for y, n in unigram.items()}
+    x_mean = sum(map(len, sources)) / len(sources)
+    y_mean = sum(map(len, targets)) / len(targets)
+    slope = (sum((len(x) - x_mean) * (len(y) - y_mean) for x, y in zip(sources, targets))
+             / sum((len(x) - x_mean) ** 2 for x in sources))
+    return lexical, alignment, unigram, (slope, y_mean - slope * x_mean)
+
+
+def lattice_scores(model, net_input, paths, lattice, normalization):
+    """Every transition's score of each path (same length, EOS last) under the training forward pass: log P of
+    each token and of EOS, normalised over the vocabulary or over the next position's candidates and EOS."""
+    encoder_out = model.encoder(**net_input)
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.zeros(len(paths), dtype=torch.long))
+    eos = model.decoder.eos_idx
+    prev = torch.tensor([[eos] + path for path in paths])
+    logits, _ = model.decoder(prev, encoder_out=encoder_out)
+    logits = logits.double()
+    scores = []
+    for position in range(prev.size(1)):  # row `position` scores position + 1 (1-based): a token, or EOS last
+        if normalization == "vocab":
+            normalizer = logits[:, position].logsumexp(-1)
+        else:
+            normalizer = logits[:, position, lattice[position] + [eos]].logsumexp(-1)
+        following = [path[position] for path in paths] if position < len(paths[0]) else [eos] * len(paths)
+        scores.append(logits[:, position].gather(1, torch.tensor(following).unsqueeze(1)).squeeze(1) - normalizer)
+    return torch.stack(scores, dim=1)
+
+
+@pytest.mark.parametrize("normalization", ["lattice", "vocab"])
+def test_generator_finds_the_best_path_of_the_lattice_by_brute_force(normalization):
+    """Every path of every allowed length through the top K of P(y_t | x, t), both derived from the documented
+    definitions (not from the generator's length range or the table's lattice), scored by the training forward
+    pass; with --nbest, the generator's paths are the best of each length, the best lengths first."""
     model, d = tiny_model(1, layers=1, seed=3)
-    sample = random_batch(d, 2, src_len=4, seed=4)
-    table = tiny_table(d, seed=1)
-    generator = lattice_generator(model, d, table, k=2, length_delta=1, normalization="vocab", lenpen=0.0)
+    sample = random_batch(d, 5, src_len=6, seed=4)
+    corpus = noisy_lexicon_corpus(d)
+    lexical, alignment, unigram, (slope, intercept) = counted_model(*corpus)
+    table = CandidateTable.build(*corpus, d, d, top_n=40)
+    assert max(map(len, lexical.values())) <= 40  # no cut to the top n: every count is in the table
+    k, delta, min_len, max_len = 3, 2, 2, 6
+    generator = lattice_generator(model, d, table, k=k, length_delta=delta, normalization=normalization,
+                                  nbest=2 * delta + 1, min_len=min_len, max_len_b=max_len)
     hypotheses = generator.generate([model], sample)
-    source, lengths = generator._source_content(sample["net_input"]["src_tokens"])
-    estimate, shortest, longest = generator._length_ranges(lengths)
-    tokens, probs = table.lattice(source, lengths, estimate, int(longest.max()) + 1, 2, len(d),
-                                  generator.excluded)
-    for b in range(2):
-        best = NEG
-        for length in range(int(shortest[b]), int(longest[b]) + 1):
-            for indices in itertools.product(range(2), repeat=length):
-                if any(probs[b, t, i] <= 0 for t, i in enumerate(indices)):
-                    continue
-                path = torch.tensor([int(tokens[b, t, i]) for t, i in enumerate(indices)] + [d.eos()])
-                best = max(best, float(teacher_forced_scores(model, sample, b, path).sum()))
-        assert hypotheses[b][0]["score"] == pytest.approx(best, abs=1e-4)
+    specials = {d.pad(), d.bos(), d.eos()}  # never lattice tokens
+    for b, src_tokens in enumerate(sample["net_input"]["src_tokens"].tolist()):
+        source = [token for token in src_tokens if token not in (d.pad(), d.eos())]
+        S = len(source)
+        # Lengths L - dL .. L + dL, L the length line's estimate, each clipped to [--min-len, --max-len-b]
+        # (the model's 64 positions are far beyond).
+        L = max(1, round(slope * S + intercept))
+        lengths = sorted({min(max(length, min_len), max_len) for length in range(L - delta, L + delta + 1)})
+        # The top K of P(y_t | x, t) + 1e-9 P(y) (the fill of empty slots) at t = 1 .. the longest + 1, whose
+        # candidates normalise the last EOS.
+        lattice = []
+        for t in range(1, max(lengths) + 2):
+            probs = ibm2_reference(lexical, alignment, source, t, L, len(d))
+            probs = {y: p + 1e-9 * unigram.get(y, 0.0) for y, p in enumerate(probs) if y not in specials}
+            most_likely = sorted(probs, key=lambda y: -probs[y])
+            assert probs[most_likely[k - 1]] > 1.001 * probs[most_likely[k]], "a tie at the K-th place: no lattice"
+            lattice.append([y for y in most_likely[:k] if probs[y] > 0])
+        net_input = {key: value[b:b + 1] for key, value in sample["net_input"].items()}
+        paths, best = {}, {}  # tokens -> (ranked score, transition scores); length -> best ranked score
+        for length in lengths:
+            candidates = [list(path) for path in itertools.product(*lattice[:length])]
+            scores = lattice_scores(model, net_input, candidates, lattice, normalization)
+            for path, steps in zip(candidates, scores.tolist()):
+                ranked = sum(steps) / (length + 1)  # fairseq's normalisation, --lenpen 1
+                paths[tuple(path)] = (ranked, steps)
+                best[length] = max(best.get(length, -math.inf), ranked)
+        ours = hypotheses[b]
+        assert len(ours) == len(best) and len({len(h["tokens"]) for h in ours}) == len(ours)
+        assert [h["score"] for h in ours] == pytest.approx(sorted(best.values(), reverse=True), abs=1e-4)
+        for hypo in ours:
+            path = tuple(hypo["tokens"][:-1].tolist())
+            assert hypo["tokens"][-1] == d.eos() and path in paths, f"{path}: not a path of the lattice"
+            ranked, steps = paths[path]
+            assert ranked == pytest.approx(hypo["score"], abs=1e-4)
+            assert ranked == pytest.approx(best[len(steps) - 1], abs=1e-4)
+            assert hypo["positional_scores"].tolist() == pytest.approx(steps, abs=1e-4)
 
 
 def test_batch_equals_one_sentence_at_a_time():

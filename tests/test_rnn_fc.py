@@ -15,8 +15,8 @@ from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.int8 import Int8Linear
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
-from fairseq_plugins.rnn_fc.search import BeamSearch
 from fairseq_plugins.candidates import Shortlist, read_lexical_table
+from fairseq_plugins.common.beam_search import BeamSearch
 from fairseq_plugins.rnn_fc.steppers import SPEEDUPS
 
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_plugins")

@@ -244,13 +244,24 @@ def _batches(dataset, ids: List[int], batch_size: int, device: torch.device) -> 
     return batches
 
 
-def _decoder(generate):
-    """Wrap a generate call into batch -> {sentence id: best hypothesis tokens}."""
+def _decoder(generate, name: str):
+    """Wrap a generate call into batch -> {sentence id: best hypothesis tokens}.
+
+    A generator that does not give every sentence of the batch a hypothesis is an error naming it and the
+    sentences: the two generators' outputs are compared sentence by sentence (else an IndexError, or a
+    comparison that silently skips sentences)."""
 
     def decode(batch):
         with torch.no_grad():
             hypos = generate(batch)
-        return {int(sid): hypos[j][0]["tokens"].tolist() for j, sid in enumerate(batch["id"])}
+        ids = [int(sid) for sid in batch["id"]]
+        without = [sid for sid, nbest in zip(ids, hypos) if not nbest] + ids[len(hypos):]
+        if len(hypos) != len(ids) or without:
+            shown = ", ".join(map(str, without[:20])) + (", ..." if len(without) > 20 else "")
+            raise InputError(f"bench: {name} returned {len(hypos)} hypothesis lists for a batch of "
+                             f"{len(ids)} sentences" + (f"; none for sentence ids {shown}" if without else "")
+                             + ": its outputs cannot be compared with the other generator's sentence by sentence")
+        return {sid: nbest[0]["tokens"].tolist() for sid, nbest in zip(ids, hypos)}
 
     return decode
 
@@ -353,8 +364,10 @@ def _build_generators(args, cfg, task, models, device: torch.device) -> Generato
         stock=stock_generator,
         stock_beam=stock_cfg.beam,
         decoders={  # the order the first batch of the first run is decoded in; alternated from there
-            "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch)),
-            "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch)),
+            "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch),
+                               f"the {args.method} generator ({type(method_generator).__name__})"),
+            "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch),
+                              f"the stock generator ({type(stock_generator).__name__})"),
         },
     )
 

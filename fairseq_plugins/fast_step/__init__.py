@@ -5,9 +5,10 @@ task ``fast_step_translation --fast-step``. See docs/fast-step.md.
 
 from . import task  # noqa: F401
 from .engine import FastDecoderStep, unsupported_reason
-from .generator import FastStepEnsemble, FastStepSequenceGenerator
+from .generator import FastStepEarlyStoppingGenerator, FastStepEnsemble, FastStepSequenceGenerator, FastStepStepper
 
-__all__ = ["FastDecoderStep", "FastStepEnsemble", "FastStepSequenceGenerator", "unsupported_reason"]
+__all__ = ["FastDecoderStep", "FastStepEarlyStoppingGenerator", "FastStepEnsemble", "FastStepSequenceGenerator",
+           "FastStepStepper", "unsupported_reason"]
 
 # `bench --method fast_step --fast-step ...`: the fast step against the stock generator on the same model.
 BENCH_TASK = "fast_step_translation"

@@ -1,10 +1,15 @@
-"""fairseq's SequenceGenerator with its decoder calls made by ``FastDecoderStep``.
+"""fairseq's SequenceGenerator with its decoder calls made by ``FastDecoderStep``; and the project's beam
+search with early stopping over the same step.
 
-Only the model side changes: ``FastStepEnsemble`` replaces fairseq's ``EnsembleModel`` (forward_decoder,
-the reordering of the incremental state and of the encoder output), so beam search, greedy decoding,
-sampling, length limits, --prefix-size, --constraints, --no-repeat-ngram-size and scoring are the stock
-generator's own code. With candidate lists the log-probabilities are over each sentence's list and every
-other word gets -inf.
+``FastStepSequenceGenerator``: only the model side changes: ``FastStepEnsemble`` replaces fairseq's
+``EnsembleModel`` (forward_decoder, the reordering of the incremental state and of the encoder output), so
+beam search, greedy decoding, sampling, length limits, --prefix-size, --constraints, --no-repeat-ngram-size
+and scoring are the stock generator's own code. With candidate lists the log-probabilities are over each
+sentence's list and every other word gets -inf.
+
+``FastStepEarlyStoppingGenerator``: Devlin (2017)'s early stopping needs a search that can end a sentence
+before fairseq would; it is ``common/beam_search.py``'s (fairseq's search otherwise, the one rnn_fc decodes
+with), its steps made by ``FastDecoderStep`` (``FastStepStepper``).
 """
 
 import math
@@ -16,6 +21,7 @@ from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
+from ..common.beam_search import BeamSearchGenerator, flat_rows
 from .engine import FastDecoderStep
 
 
@@ -177,3 +183,43 @@ class FastStepSequenceGenerator(SequenceGenerator):
 
     def reset_generation_stats(self) -> None:
         self._stats = {"sentences": 0, "steps": 0, "candidates": 0}
+
+
+class FastStepStepper:
+    """``FastDecoderStep`` as the step model of ``common/beam_search.py``: the rows of a step are each
+    sentence's hypotheses, and the caches follow each new hypothesis' parent."""
+
+    def __init__(self, model, precision: str = "fp32"):
+        self.model = model
+        self.engine = FastDecoderStep(model.decoder, precision)
+        self.rows = 1
+        self.row_calls = 0
+
+    def start(self, sample: Dict, candidates: Optional[Tensor], candidate_valid: Optional[Tensor] = None) -> None:
+        self.engine.start(self.model.encoder.forward_torchscript(sample["net_input"]))
+        self.engine.output.prepare(candidates, candidate_valid)
+        self.rows = 1  # hypotheses a sentence: one at the first step
+        self.row_calls = 0
+
+    def step(self, tokens: Tensor, parents: Optional[Tensor]) -> Tensor:
+        batch, k = tokens.shape
+        if parents is not None:
+            self.engine.reorder(flat_rows(parents, self.rows))
+        self.rows = k
+        logits = self.engine.logits(self.engine.step(tokens.reshape(-1)))
+        self.row_calls += 1
+        return F.log_softmax(logits.float(), dim=-1).view(batch, k, -1)
+
+
+class FastStepEarlyStoppingGenerator(BeamSearchGenerator):
+    """The project's beam search with early stopping (``early_stop_delta``) over ``FastDecoderStep``: with an
+    infinite delta, fairseq's hypotheses."""
+
+    method_name = "fast step"
+
+    def __init__(self, models, tgt_dict, beam: int = 5, precision: str = "fp32", shortlist=None,
+                 early_stop_delta: float = 3.0, **search_args):
+        if len(models) != 1:
+            raise ValueError("--fast-step runs one model, not an ensemble")
+        super().__init__(models[0], tgt_dict, FastStepStepper(models[0], precision), beam=beam, shortlist=shortlist,
+                         early_stop_delta=early_stop_delta, settings={"precision": precision}, **search_args)

@@ -1,9 +1,11 @@
 """``fast_step_translation``: fairseq's translation task whose generator, with ``--fast-step``, runs the decoder
-steps on ``FastDecoderStep`` (fp32 or int8, optionally over candidate lists). Without ``--fast-step`` it is
-stock translation. Any model trained with ``--task translation`` (the baseline) decodes with it unchanged:
+steps on ``FastDecoderStep`` (fp32 or int8, optionally over candidate lists, optionally with Devlin (2017)'s
+early stopping): the fast CPU decoder for any fairseq transformer. Without ``--fast-step`` it is stock
+translation. Any model trained with ``--task translation`` (the baseline) decodes with it unchanged:
 
     fairseq-generate DATA --user-dir fairseq_plugins --task fast_step_translation --fast-step \\
-        --fast-step-precision int8 --fast-step-shortlist shortlist.pt --path checkpoint.pt --beam 1
+        --fast-step-precision int8 --fast-step-shortlist shortlist.pt --fast-step-early-stop \\
+        --path checkpoint.pt --beam 6
 """
 
 from dataclasses import dataclass, field
@@ -13,9 +15,10 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..candidates import PRECISIONS, TaskCandidateLists
+from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from .engine import unsupported_reason
-from .generator import FastStepSequenceGenerator
+from .generator import FastStepEarlyStoppingGenerator, FastStepSequenceGenerator
 
 
 @dataclass
@@ -32,6 +35,14 @@ class FastStepTranslationConfig(TranslationConfig):
         default="", metadata={"help": "with --fast-step: candidate lists from `fairseq-plugins shortlist`; each "
                                       "sentence's softmax runs over its list only (empty: the whole vocabulary)"},
     )
+    fast_step_early_stop: bool = field(
+        default=False, metadata={"help": "with --fast-step: stop a sentence's beam search once its best unfinished "
+                                         "hypothesis is more than --fast-step-early-stop-delta below its best "
+                                         "finished one (cumulative log-probabilities; Devlin 2017)"},
+    )
+    fast_step_early_stop_delta: float = field(
+        default=3.0, metadata={"help": "the early-stopping margin, >= 0 (larger: fewer sentences stop early)"},
+    )
 
 
 @register_task("fast_step_translation", dataclass=FastStepTranslationConfig)
@@ -44,9 +55,12 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
     def _check_flags(self) -> None:
         if not self.cfg.fast_step:
             for flag, given in (("--fast-step-precision", str(self.cfg.fast_step_precision) != "fp32"),
-                                ("--fast-step-shortlist", bool(self.cfg.fast_step_shortlist))):
+                                ("--fast-step-shortlist", bool(self.cfg.fast_step_shortlist)),
+                                ("--fast-step-early-stop", self.cfg.fast_step_early_stop)):
                 if given:
                     raise InputError(f"{flag}: only used with --fast-step (add it, or drop {flag})")
+        if self.cfg.fast_step_early_stop_delta < 0:
+            raise InputError(f"--fast-step-early-stop-delta {self.cfg.fast_step_early_stop_delta}: must be >= 0")
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
@@ -66,6 +80,20 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
         if precision == "int8" and device.type != "cpu":
             raise InputError("--fast-step-precision int8: fbgemm's int8 kernels run on the CPU only (add --cpu)")
         shortlist = self.shortlist()
+        if self.cfg.fast_step_early_stop:
+            try:
+                refuse_unsupported_generation_flags(args, "--fast-step-early-stop", extra={
+                    "--temperature": getattr(args, "temperature", 1.0) != 1.0,
+                    "--lm-path": bool(getattr(args, "lm_path", None))})
+            except ValueError as e:
+                raise InputError(str(e)) from None
+            return FastStepEarlyStoppingGenerator(
+                models, self.target_dictionary, beam=getattr(args, "beam", 5), precision=precision,
+                shortlist=None if shortlist is None else shortlist.to(device),
+                early_stop_delta=self.cfg.fast_step_early_stop_delta, max_len_a=getattr(args, "max_len_a", 0),
+                max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
+                lenpen=getattr(args, "lenpen", 1.0), normalize_scores=not getattr(args, "unnormalized", False),
+                unk_penalty=getattr(args, "unkpen", 0.0), nbest=getattr(args, "nbest", 1))
         extra = {"precision": precision, "shortlist": None if shortlist is None else shortlist.to(device),
                  **(extra_gen_cls_kwargs or {})}
         return super().build_generator(models, args, seq_gen_cls=FastStepSequenceGenerator,

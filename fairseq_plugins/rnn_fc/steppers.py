@@ -1,4 +1,4 @@
-"""Step models for the beam search (search.py): one decoder step of k hypotheses per sentence.
+"""Step models for the beam search (common/beam_search.py): one decoder step of k hypotheses per sentence.
 
 - ``RnnFcStepper``: the rnn_fc decoder, each of Devlin (2017)'s exact speedups a switch (SPEEDUPS):
     batched     all hypotheses of the beam in one matmul per weight (off: one row at a time)
@@ -21,10 +21,10 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from ..common.dictionaries import ids_by_count
 from ..candidates import output_layer_of
+from ..common.beam_search import flat_rows, unique_rows
+from ..common.dictionaries import ids_by_count
 from ..int8 import int8_copy
-from .search import flat_rows, unique_rows
 
 logger = logging.getLogger(__name__)
 

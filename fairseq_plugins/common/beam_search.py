@@ -1,4 +1,6 @@
-"""Beam search over a step model, with fairseq's rules and Devlin (2017)'s early stopping.
+"""Beam search over a step model, with fairseq's rules and Devlin (2017)'s early stopping; and
+``BeamSearchGenerator``, fairseq-generate's generator interface around it (rnn_fc decoding, and the fast
+decoder step with early stopping).
 
 The search is fairseq's SequenceGenerator's (so that, with no switch on, it gives fairseq's outputs): each
 step takes the 2 x beam best continuations; EOS among the first beam of them finishes a hypothesis (score
@@ -16,12 +18,17 @@ What it adds:
   length normalisation a long one could in principle, which is why the BLEU of each setting is measured.
 """
 
+import logging
 from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
 
-from ..common.step_rules import StepRules
+from ..candidates import Shortlist
+from .generation import MethodGenerator
+from .step_rules import StepRules
+
+logger = logging.getLogger(__name__)
 
 
 class StepModel(Protocol):
@@ -160,3 +167,59 @@ def flat_rows(parents: Tensor, previous_rows: int) -> Tensor:
 def unique_rows(rows: Tensor) -> Tuple[Tensor, Tensor]:
     """Distinct rows and, for each row, its index among them."""
     return torch.unique(rows, return_inverse=True)
+
+
+class BeamSearchGenerator(MethodGenerator):
+    """``BeamSearch`` over a step model (``stepper``: ``start``/``step`` as ``StepModel``, counting its model
+    calls in ``row_calls``) as fairseq-generate's generator, with candidate lists. Statistics for
+    ``fairseq-plugins bench`` (generation_stats) and the exit log: decoder steps, model calls, candidate-list
+    sizes, sentences stopped early; ``settings`` adds the subclass's switches to both."""
+
+    def __init__(self, model, tgt_dict, stepper, beam: int = 5, shortlist: Optional[Shortlist] = None,
+                 early_stop_delta: Optional[float] = None, settings: Optional[Dict] = None, **search_args):
+        self.model, self.stepper, self.tgt_dict = model, stepper, tgt_dict
+        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()  # fairseq-generate reads the generator's eos
+        self.shortlist = shortlist
+        self.search = BeamSearch(tgt_dict, beam=beam, early_stop_delta=early_stop_delta,
+                                 max_len=model.max_decoder_positions(), **search_args)
+        self.settings = dict(settings or {}, shortlist=shortlist is not None, early_stop_delta=early_stop_delta,
+                             beam=beam)
+        self.reset_generation_stats()
+
+    def reset_generation_stats(self) -> None:
+        self._stats = {"sentences": 0, "batches": 0, "steps": 0, "row_calls": 0, "candidates": 0,
+                       "stopped_early": 0}
+
+    def generation_stats(self) -> Dict:
+        stats = dict(self._stats, **self.settings)
+        if stats["batches"]:
+            stats["steps_per_batch"] = stats["steps"] / stats["batches"]
+            stats["model_calls_per_step"] = stats["row_calls"] / max(stats["steps"], 1)
+        if stats["sentences"] and self.shortlist is not None:
+            stats["candidates_per_sentence"] = stats["candidates"] / stats["sentences"]
+        return stats
+
+    def _log_summary(self) -> None:
+        stats = self.generation_stats()
+        if stats["sentences"]:
+            settings = ", ".join(f"{key}={value}" for key, value in self.settings.items() if key != "shortlist")
+            logger.info("%s decoding: %d sentences, %.1f steps a batch, %.2f model calls a step, %s; %d stopped "
+                        "early%s", self.method_name, stats["sentences"], stats["steps_per_batch"],
+                        stats["model_calls_per_step"], settings, stats["stopped_early"],
+                        f", {stats['candidates_per_sentence']:.0f} candidates a sentence" if self.shortlist else "")
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        self._begin_generate(prefix_tokens, constraints)
+        src_tokens = sample["net_input"]["src_tokens"]
+        candidates = valid = None
+        if self.shortlist is not None:
+            candidates, valid = self.shortlist.candidates(src_tokens)
+            self._stats["candidates"] += int(valid.sum())
+        hypotheses = self.search.search(self.stepper, sample, candidates, valid)
+        self._stats["sentences"] += src_tokens.size(0)
+        self._stats["batches"] += 1
+        self._stats["steps"] += self.search.steps
+        self._stats["row_calls"] += self.stepper.row_calls
+        self._stats["stopped_early"] += self.search.stopped_early
+        return hypotheses
