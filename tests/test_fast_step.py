@@ -3,6 +3,7 @@ fairseq's hypotheses through the stock beam search and the greedy loop, a clear 
 does not implement, and the task flags through fairseq-generate."""
 
 import argparse
+import math
 import os
 
 import pytest
@@ -12,7 +13,8 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.candidates import Shortlist
-from fairseq_plugins.fast_step import FastDecoderStep, FastStepSequenceGenerator, unsupported_reason
+from fairseq_plugins.fast_step import (FastDecoderStep, FastStepEarlyStoppingGenerator, FastStepSequenceGenerator,
+                                      unsupported_reason)
 
 
 def random_transformer(dictionary, seed=0, input_dim=None, **overrides):
@@ -87,6 +89,48 @@ def test_reorder_keeps_the_named_rows_and_their_sources():
         for t in range(3, 6):
             logits = engine.logits(engine.step(prefix[order, t]))
             torch.testing.assert_close(logits, expected[:, t], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_fused_int8_layer_is_the_int8_layer_of_torch_operations(layout):
+    """kernel.c's whole-layer step against the same int8 matrices between torch operations, through a reorder
+    that drops and permutes rows. Its float sums run in another order, so a product input within 1e-7 of a
+    rounding boundary may round the other way: rarely, a row differs by about one int8 step (~1e-2 here; it
+    happens as often with the torch path's own input perturbed by 1e-6). A wrong layer (a norm in the wrong
+    place, a cache slot off by one, a mask ignored) differs in every row."""
+    from fairseq_plugins.int8 import native
+
+    if native.backend() != "native":
+        pytest.skip("the native int8 kernel is not available")
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary, **LAYOUTS[layout])
+    sample = random_batch(dictionary, 4, src_len=7, seed=1)
+    fused, torch_ops = FastDecoderStep(model.decoder, "int8"), FastDecoderStep(model.decoder, "int8", fused=False)
+    assert fused.native_layers is not None and torch_ops.native_layers is None
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (4, 10), generator=torch.Generator().manual_seed(2))
+    prefix[:, 0] = dictionary.eos()
+    order, rows = torch.tensor([3, 1, 1]), torch.arange(4)
+    differences = []
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        for engine in (fused, torch_ops):
+            engine.start(encoder_out, max_steps=4)  # the caches grow
+        for t in range(prefix.size(1)):
+            if t == 5:
+                for engine in (fused, torch_ops):
+                    engine.reorder(order)
+                rows = order
+            features = [engine.step(prefix[rows, t]) for engine in (fused, torch_ops)]
+            differences += (features[0] - features[1]).abs().amax(1).tolist()
+    close = sum(d < 1e-5 for d in differences)
+    assert close >= 0.9 * len(differences) and max(differences) < 0.1, differences
+
+
+def test_a_layer_the_fused_kernel_does_not_implement_runs_as_torch_operations():
+    model = random_transformer(word_dictionary(), activation_fn="tanh")
+    engine = FastDecoderStep(model.decoder, "int8")
+    assert engine.native_layers is None and engine.layers[0].native is None
+    assert FastDecoderStep(model.decoder, "fp32").native_layers is None
 
 
 @pytest.mark.parametrize("overrides, reason", [
@@ -229,6 +273,31 @@ def test_int8_and_short_lists_do_not_depend_on_the_batch(trained, lists, beam):
     assert stats["precision"] == "int8" and 20 <= stats["candidates_per_sentence"] < len(task.target_dictionary)
 
 
+# ---- early stopping: the project's beam search over the fast step -------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_early_stopping_with_an_infinite_delta_gives_the_stock_beam_search(trained, batch_size):
+    model, task, batches = load(trained["checkpoint"], batch_size)
+    stock = SequenceGenerator([model], task.target_dictionary, beam_size=5)
+    fast = FastStepEarlyStoppingGenerator([model], task.target_dictionary, beam=5, early_stop_delta=math.inf, nbest=5)
+    assert_same_hypotheses(hypotheses_by_id(fast, model, batches), hypotheses_by_id(stock, model, batches))
+    assert fast.generation_stats()["stopped_early"] == 0
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0])
+def test_early_stopping_on_the_fast_step_is_the_same_search_as_on_fairseqs_decoder(trained, delta):
+    """The fast step changes how a step is computed, not the search: its early-stopped hypotheses are those of
+    the same search over fairseq's own incremental decoder (rnn_fc's generic path), sentence by sentence."""
+    from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
+
+    model, task, batches = load(trained["checkpoint"], 1)
+    fast = FastStepEarlyStoppingGenerator([model], task.target_dictionary, beam=5, early_stop_delta=delta, nbest=5)
+    fairseq_steps = RnnFcGenerator([model], task.target_dictionary, beam=5, early_stop_delta=delta, nbest=5)
+    assert_same_hypotheses(hypotheses_by_id(fast, model, batches), hypotheses_by_id(fairseq_steps, model, batches))
+    stopped = fast.generation_stats()["stopped_early"]
+    assert stopped == fairseq_steps.generation_stats()["stopped_early"] and stopped > 0
+
+
 # ---- fairseq-generate --task fast_step_translation ------------------------------------------------------------
 
 def generate(trained, *flags, check=True):
@@ -263,11 +332,26 @@ def test_fairseq_generate_with_fast_step_prints_the_stock_output(trained, beam):
     assert_same_lines(hypothesis_lines(fast.stdout), hypothesis_lines(stock.stdout))
 
 
+def test_fairseq_generate_with_int8_lists_and_early_stopping(trained, lists):
+    """The fast CPU decoder for any fairseq transformer, every switch on, through fairseq-generate: the beam-5
+    search ends sentences early and each sentence's output stays within its candidate list."""
+    result = generate(trained, "--task", "fast_step_translation", "--fast-step", "--fast-step-precision", "int8",
+                      "--fast-step-shortlist", lists["top20"], "--fast-step-early-stop", "--beam", 5)
+    assert len([line for line in result.stdout.splitlines() if line.startswith("H-")]) == 40
+    summary = [line for line in result.stderr.splitlines() if "fast step decoding: 40 sentences" in line]
+    assert summary and "precision=int8" in summary[0] and "early_stop_delta=3.0" in summary[0], result.stderr[-1500:]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--fast-step-precision", "int8"], "--fast-step-precision: only used with --fast-step"),
     (["--fast-step-shortlist", "list.pt"], "--fast-step-shortlist: only used with --fast-step"),
     (["--fast-step", "--print-alignment"], "--print-alignment: not supported with --fast-step"),
     (["--fast-step", "--fast-step-shortlist", "/nonexistent/list.pt"], "/nonexistent/list.pt"),
+    (["--fast-step-early-stop"], "--fast-step-early-stop: only used with --fast-step"),
+    (["--fast-step", "--fast-step-early-stop", "--fast-step-early-stop-delta", "-1"],
+     "--fast-step-early-stop-delta -1.0: must be >= 0"),
+    (["--fast-step", "--fast-step-early-stop", "--no-repeat-ngram-size", "2"],
+     "--no-repeat-ngram-size: not supported with --fast-step-early-stop"),
 ])
 def test_fairseq_generate_refuses_what_the_fast_step_cannot_do(trained, flags, message):
     result = generate(trained, "--task", "fast_step_translation", *flags, check=False)

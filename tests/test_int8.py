@@ -2,6 +2,7 @@
 results independent of the other rows in a call, and the modules that use them."""
 
 import argparse
+import os
 import warnings
 
 import pytest
@@ -10,34 +11,44 @@ from torch import nn
 
 from conftest import DictionaryTask, word_dictionary
 
-from fairseq_plugins.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
+from fairseq_plugins.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names, native
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
 from fairseq_plugins.candidates import OutputLayer
 
-# fbgemm's dynamic kernel quantizes activations to 128 levels (reduce_range) over the call's range, which the
-# guard row fixes to [-1, 1] after each row is divided by its largest magnitude.
-ACTIVATION_LEVELS = 127
+# The activation steps of a row, as a fraction of its largest magnitude. Native kernel: symmetric int8,
+# max|x_i| / 127. fbgemm's dynamic kernel quantizes to 128 levels (reduce_range) over the call's range,
+# which the guard row fixes to [-1, 1] after each row is divided by its largest magnitude: 2 max|x_i| / 127.
+ACTIVATION_STEP = {"native": 1 / 127, "fbgemm": 2 / 127}
 
 
-def expected_rounding_error(x, weight):
+@pytest.fixture(params=native.BACKENDS, autouse=True)
+def backend(request, monkeypatch):
+    """Every test runs on both int8 kernels: the native one and torch's fbgemm fallback."""
+    monkeypatch.setenv(native.BACKEND_VARIABLE, request.param)
+    if native.backend() != request.param:
+        pytest.fail(f"the {request.param} int8 kernel is not available here")
+    return request.param
+
+
+def expected_rounding_error(x, weight, backend):
     """Root-mean-square error of x W^T predicted from uniform rounding (step^2 / 12) of both factors with
-    per-row weight scales max|W_j| / 127 and per-row activation steps 2 max|x_i| / 127."""
+    per-row weight scales max|W_j| / 127 and per-row activation steps (ACTIVATION_STEP)."""
     weight_step = weight.abs().amax(1) / 127  # (rows,)
-    activation_step = 2 * x.abs().amax(1) / ACTIVATION_LEVELS  # (n,)
+    activation_step = ACTIVATION_STEP[backend] * x.abs().amax(1)  # (n,)
     variance = ((x ** 2) @ (weight_step ** 2).unsqueeze(0).expand(x.size(1), -1)
                 + activation_step.unsqueeze(1) ** 2 * (weight ** 2).sum(1).unsqueeze(0)) / 12
     return float(variance.mean().sqrt())
 
 
 @pytest.mark.parametrize("dim", [64, 256])
-def test_the_int8_product_error_is_int8_rounding_error(dim):
+def test_the_int8_product_error_is_int8_rounding_error(dim, backend):
     torch.manual_seed(0)
     # Rows of very different magnitudes: one scale for the call would crush the small rows.
     x = torch.randn(32, dim) * torch.logspace(-3, 1, 32).unsqueeze(1)
     weight = torch.randn(500, dim) * torch.rand(500, 1)
     error = Int8Matrix(weight)(x) - x @ weight.t()
     # Per row, relative to that row's own expected error, so the small rows count as much as the large.
-    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight) for i in range(32)])
+    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight, backend) for i in range(32)])
     ratio = error.pow(2).mean(1).sqrt() / predicted  # 0.88-1.21 measured
     assert float(ratio.max()) < MAX_ERROR_RATIO and float(ratio.min()) > 0.7, ratio  # int8, not finer
 
@@ -45,18 +56,18 @@ def test_the_int8_product_error_is_int8_rounding_error(dim):
 MAX_ERROR_RATIO = 1.4
 
 
-def rms_error_ratios(matrix, x, weight):
-    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight) for i in range(x.size(0))])
+def rms_error_ratios(matrix, x, weight, backend):
+    predicted = torch.tensor([expected_rounding_error(x[i:i + 1], weight, backend) for i in range(x.size(0))])
     return (matrix(x) - x @ weight.t()).pow(2).mean(1).sqrt() / predicted
 
 
-def test_a_coarser_weight_scale_or_one_activation_scale_would_fail_the_error_bound():
+def test_a_coarser_weight_scale_or_one_activation_scale_would_fail_the_error_bound(backend):
     torch.manual_seed(0)
     x = torch.randn(16, 64) * torch.logspace(-3, 1, 16).unsqueeze(1)
     weight = torch.randn(300, 64)
     # A scale 4x too coarse (what a wrong scale formula gives) fails on every row (1.6-2.6 measured).
     coarse = Int8Matrix(weight, scales=4 * weight.abs().amax(1) / 127)
-    assert float(rms_error_ratios(coarse, x, weight).min()) > MAX_ERROR_RATIO
+    assert float(rms_error_ratios(coarse, x, weight, backend).min()) > MAX_ERROR_RATIO
     # One activation scale for the whole call (torch's dynamic quantization) fails on the small rows.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -64,7 +75,7 @@ def test_a_coarser_weight_scale_or_one_activation_scale_would_fail_the_error_bou
                                                           dtype=torch.qint8)
     per_call[0].set_weight_bias(torch.quantize_per_channel(
         weight, weight.abs().amax(1).double() / 127, torch.zeros(300, dtype=torch.long), 0, torch.qint8), None)
-    assert float(rms_error_ratios(per_call, x, weight).max()) > 10 * MAX_ERROR_RATIO
+    assert float(rms_error_ratios(per_call, x, weight, backend).max()) > 10 * MAX_ERROR_RATIO
 
 
 @pytest.mark.parametrize("dim", [1, 2, 64])
@@ -148,3 +159,36 @@ def test_int8_matrices_refuse_cuda_weights_clearly():
         pytest.skip("needs a CUDA device")
     with pytest.raises(ValueError, match="CPU only"):
         Int8Matrix(torch.randn(4, 4, device="cuda"))
+
+
+@pytest.mark.parametrize("rows, out_rows, dim", [(1, 256, 256), (5, 300, 70), (9, 33, 1), (4, 64, 1024)])
+def test_the_native_kernel_is_its_reference_bit_for_bit(backend, rows, out_rows, dim):
+    """Symmetric per-row rounding of the activations, exact integer sums, then the same float32 operations:
+    equal to the last bit (the kernel is built without fused multiply-adds), whatever the row count (the
+    kernel takes rows four at a time) and the padding of ``dim`` to 32 bytes."""
+    if backend != "native":
+        pytest.skip("the native kernel's own check")
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(out_rows, dim), torch.randn(out_rows)
+    x = torch.randn(rows, dim) * torch.logspace(-3, 2, rows).unsqueeze(1)
+    x = torch.cat([x, torch.zeros(1, dim)])  # and a row of zeros: scale 1, bias only
+    matrix = Int8Matrix(weight, bias=bias)
+    assert matrix.backend == "native" and matrix.values.size(1) % 32 == 0
+    expected = native.reference_product(x, matrix.values, matrix.scales, bias, dim)
+    assert torch.equal(matrix(x), expected) and torch.equal(matrix(x)[-1], bias)
+    assert not torch.equal(matrix(x), x @ weight.t() + bias)  # int8, not float32
+
+
+def test_without_a_compiler_int8_falls_back_to_fbgemm_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(native.BACKEND_VARIABLE, "native")
+    monkeypatch.setenv("FAIRSEQ_PLUGINS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failure", None)
+    with caplog.at_level("WARNING"):
+        matrix = Int8Matrix(torch.randn(8, 4))
+    assert matrix.backend == "fbgemm" and "the native kernel could not be built" in caplog.text
+    assert "/bin/false" in caplog.text and os.listdir(tmp_path / "cache") == []  # nothing half-written left
+    monkeypatch.setenv(native.BACKEND_VARIABLE, "avx9")
+    with pytest.raises(ValueError, match="FAIRSEQ_PLUGINS_INT8=avx9: choose one of native, fbgemm"):
+        native.backend()

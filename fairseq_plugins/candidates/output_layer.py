@@ -22,7 +22,7 @@ class OutputLayer:
             raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
         self.weight, self.bias, self.precision = weight.detach(), None if bias is None else bias.detach(), precision
         # A candidate list's int8 rows (and row scales) are the full int8 matrix's rows.
-        self.full_int8 = Int8Matrix(self.weight) if precision == "int8" else None
+        self.full_int8 = Int8Matrix(self.weight, bias=self.bias) if precision == "int8" else None
         self.full_fp32 = PackedLinear(self.weight) if precision == "fp32" else None
         self.candidates = None
         self.weights = self.int8_lists = self.padding = None
@@ -45,20 +45,20 @@ class OutputLayer:
         """x (B, k, d) -> logits (B, k, C); with ``sentence``, x (1, k, d) belongs to that sentence."""
         if self.candidates is None:
             if self.precision == "int8":
-                logits = self.full_int8(x)
-            else:
-                logits = self.full_fp32(x)
+                return self.full_int8(x)  # the bias included
+            logits = self.full_fp32(x)
             return logits if self.bias is None else logits + self.bias
         sentences = range(x.size(0)) if sentence is None else [sentence]
-        if self.precision == "int8":
+        if self.precision == "int8":  # each list's matrix holds its biases
             logits = torch.stack([self.int8_lists[b](x[i]) for i, b in enumerate(sentences)])
-        elif sentence is None:
-            logits = torch.bmm(x, self.weights.transpose(1, 2))
         else:
-            logits = F.linear(x, self.weights[sentence])
-        if self.sliced_bias is not None:
-            bias = self.sliced_bias if sentence is None else self.sliced_bias[sentence:sentence + 1]
-            logits = logits + bias.unsqueeze(1)
+            if sentence is None:
+                logits = torch.bmm(x, self.weights.transpose(1, 2))
+            else:
+                logits = F.linear(x, self.weights[sentence])
+            if self.sliced_bias is not None:
+                bias = self.sliced_bias if sentence is None else self.sliced_bias[sentence:sentence + 1]
+                logits = logits + bias.unsqueeze(1)
         if self.padding is not None:
             padding = self.padding if sentence is None else self.padding[sentence:sentence + 1]
             logits = logits + padding.unsqueeze(1)

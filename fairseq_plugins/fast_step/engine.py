@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..candidates import PRECISIONS, OutputLayer
 from ..common.packed_linear import PackedLinear
-from ..int8 import Int8Matrix
+from ..int8 import Int8Matrix, native
 
 
 def unsupported_reason(decoder: nn.Module) -> Optional[str]:
@@ -75,10 +75,7 @@ def _linear(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[
     bias = None if bias is None else bias.detach()
     if precision == "fp32":
         return PackedLinear(weight, bias)
-    matrix = Int8Matrix(weight)
-    if bias is None:
-        return matrix
-    return lambda x: matrix(x).add_(bias)
+    return Int8Matrix(weight, bias=bias)
 
 
 def _layer_norm(module: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
@@ -119,6 +116,25 @@ class _Layer:
         self.fc2 = _linear(layer.fc2.weight, layer.fc2.bias, precision)
         self.activation = layer.activation_fn
         self.final_norm = _layer_norm(layer.final_layer_norm)
+        self.native = self._native_layer(layer)
+
+    def _native_layer(self, layer) -> Optional["native.DecoderLayer"]:
+        """The whole layer as one call of the native int8 kernel (kernel.c), where it implements the layer:
+        int8 matrices on the native backend, relu or gelu, affine layer norms."""
+        from fairseq.modules import gelu
+
+        matrices = {"qkv": self.qkv, "self_out": self.self_out, "cross_q": self.cross_q,
+                    "cross_out": self.cross_out, "fc1": self.fc1, "fc2": self.fc2}
+        norms = {"self_norm": layer.self_attn_layer_norm, "cross_norm": layer.encoder_attn_layer_norm,
+                 "final_norm": layer.final_layer_norm}
+        if not all(isinstance(m, Int8Matrix) and m.backend == "native" for m in matrices.values()):
+            return None
+        if self.activation not in (F.relu, gelu) or not all(
+                isinstance(n, nn.LayerNorm) and n.weight is not None and n.bias is not None for n in norms.values()):
+            return None
+        self.native_norms = norms  # the kernel reads their weights: keep them alive with the layer
+        return native.decoder_layer(matrices, norms, self.heads, self.head_dim, self.scaling, self.normalize_before,
+                                    gelu=self.activation is gelu)
 
 
 class FastDecoderStep:
@@ -129,7 +145,7 @@ class FastDecoderStep:
     ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names.
     """
 
-    def __init__(self, decoder: nn.Module, precision: str = "fp32"):
+    def __init__(self, decoder: nn.Module, precision: str = "fp32", fused: bool = True):
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
         reason = unsupported_reason(decoder)
@@ -145,6 +161,11 @@ class FastDecoderStep:
         self.positions = None
         self.embedding_norm = _layer_norm(decoder.layernorm_embedding)
         self.layers = [_Layer(layer, precision) for layer in decoder.layers]
+        # int8 on the native kernel: each layer in one call (``fused``; else the same layer as torch operations)
+        self.native_layers = [layer.native for layer in self.layers] if fused else None
+        if self.native_layers is not None and any(layer is None for layer in self.native_layers):
+            self.native_layers = None
+        self.layer_step = native.LayerStepper() if self.native_layers is not None else None
         self.final_norm = _layer_norm(decoder.layer_norm)
         self.project_out = None if decoder.project_out_dim is None else _linear(
             decoder.project_out_dim.weight, decoder.project_out_dim.bias, precision)
@@ -176,7 +197,7 @@ class FastDecoderStep:
         rows = memory.size(1)
         self.rows, self.length = rows, 0
         # (rows, 1, 1, source length): True where the source is a token (fairseq masks out the padding)
-        self.source_attend = None if padding is None or not bool(padding.any()) else ~padding[:, None, None, :]
+        self.source_attend = None if padding is None or not bool(padding.any()) else (~padding)[:, None, None, :]
         self.cross_keys, self.cross_values = [], []
         for layer in self.layers:
             shape = (memory.size(0), rows, layer.heads, layer.head_dim)
@@ -204,8 +225,14 @@ class FastDecoderStep:
         rows, length = order.numel(), self.length
         if rows == self.rows and bool(torch.equal(order, torch.arange(rows, device=order.device))):
             return
-        for cache in self.keys + self.values:
-            cache[:rows, :, :length] = cache[:self.rows, :, :length].index_select(0, order)
+        if rows > self.keys[0].size(0):  # the beam widens: a search that starts with one row a sentence
+            old_caches = self.keys + self.values
+            self._allocate(rows, self.capacity)
+            for new, old in zip(self.keys + self.values, old_caches):
+                new[:, :, :length] = old[:self.rows, :, :length].index_select(0, order)
+        else:
+            for cache in self.keys + self.values:
+                cache[:rows, :, :length] = cache[:self.rows, :, :length].index_select(0, order)
         if rows != self.rows:
             # The rows now belong to other sentences. With the same row count, ``order`` only permutes the
             # hypotheses of each sentence (fairseq's beam search), which share their sentence's source.
@@ -230,7 +257,13 @@ class FastDecoderStep:
             x = x + positions[t]
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        for index, layer in enumerate(self.layers):
+        if self.native_layers is not None:
+            x = x.contiguous()  # a new tensor, updated in place layer by layer
+            attend = None if self.source_attend is None else self.source_attend.view(rows, -1)
+            for index, layer in enumerate(self.native_layers):
+                self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],
+                                self.cross_values[index], attend)
+        for index, layer in enumerate(self.layers if self.native_layers is None else ()):
             heads, head_dim = layer.heads, layer.head_dim
             # self-attention over the prefix
             residual = x

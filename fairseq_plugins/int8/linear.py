@@ -9,6 +9,8 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from . import native
+
 
 @contextlib.contextmanager
 def _quiet_quantization():
@@ -29,19 +31,27 @@ class Int8Matrix:
     """x W^T with W (rows, d) stored as int8, one scale per row; x in float32, any leading shape.
 
     ``scales`` fixes the row scales (a candidate list's rows keep the full matrix's scales, so its logits
-    are exactly the full int8 product's)."""
+    are exactly the full int8 product's). The product runs on the native kernel (native.py: activations
+    rounded to int8 with one symmetric scale per row) or, where it cannot be built, on torch's fbgemm kernel
+    (activations scaled per row into a fixed range, see the package docstring)."""
 
-    def __init__(self, weight: Tensor, scales: Optional[Tensor] = None):
+    def __init__(self, weight: Tensor, scales: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                 backend: Optional[str] = None):
         weight = weight.detach().float().contiguous()
         if weight.device.type != "cpu":
             raise ValueError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
         self.rows, self.dim = weight.shape
         self.scales = row_scales(weight) if scales is None else scales.detach().float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.backend = backend or native.backend()
+        self._dequantized = None
+        if self.backend == "native":
+            self.values = native.quantize_weight(weight, self.scales)  # (rows, d padded), int8
+            return
         with _quiet_quantization():
             quantized = torch.quantize_per_channel(weight, self.scales.double(),
                                                    torch.zeros(self.rows, dtype=torch.long), 0, torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(quantized, None)
-        self._dequantized = None
         # Row 0 of the input buffer is the guard: +1 and -1, so every call's activation range is exactly
         # [-1, 1] (d == 1: the guard takes two rows). Rows after it take the scaled activations.
         self.guard_rows = 1 if self.dim >= 2 else 2
@@ -51,6 +61,8 @@ class Int8Matrix:
 
     def int8_weight(self) -> Tensor:
         """The stored weight as int8 values (rows, d), for checks."""
+        if self.backend == "native":
+            return self.values[:, :self.dim]
         with _quiet_quantization():
             quantized, _ = torch.ops.quantized.linear_unpack(self.packed)
         return quantized.int_repr()
@@ -62,12 +74,21 @@ class Int8Matrix:
         return self._dequantized
 
     def select(self, rows: Tensor) -> "Int8Matrix":
-        """The matrix of the given rows, with their int8 values and scales from this matrix."""
-        return Int8Matrix(self.dequantized()[rows], self.scales[rows])
+        """The matrix of the given rows, with their int8 values, scales (and biases) from this matrix."""
+        bias = None if self.bias is None else self.bias[rows]
+        if self.backend != "native":
+            return Int8Matrix(self.dequantized()[rows], self.scales[rows], bias, self.backend)
+        selected = Int8Matrix.__new__(Int8Matrix)
+        selected.rows, selected.dim, selected.backend, selected._dequantized = rows.numel(), self.dim, "native", None
+        selected.scales, selected.bias, selected.values = self.scales[rows], bias, self.values[rows]
+        return selected
 
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
-        flat = x.reshape(-1, self.dim).float()
+        flat = x.reshape(-1, self.dim).float().contiguous()
+        if self.backend == "native":
+            return native.int8_product(flat, self.values, self.scales, self.bias, self.dim).view(*shape[:-1],
+                                                                                                self.rows)
         rows = flat.size(0)
         if self.buffer.size(0) < self.guard_rows + rows:
             grown = torch.zeros(self.guard_rows + 2 * rows, self.dim)
@@ -79,7 +100,10 @@ class Int8Matrix:
         torch.div(flat, magnitude, out=scaled[self.guard_rows:])
         # (no warnings filter here: catch_warnings empties the once-registry and costs ~80 us a call)
         product = torch.ops.quantized.linear_dynamic(scaled, self.packed, True)
-        return product[self.guard_rows:].mul_(magnitude).view(*shape[:-1], self.rows)
+        product = product[self.guard_rows:].mul_(magnitude)
+        if self.bias is not None:
+            product.add_(self.bias)
+        return product.view(*shape[:-1], self.rows)
 
 
 class Int8Linear(nn.Module):
@@ -88,13 +112,10 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.matrix = Int8Matrix(linear.weight)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
-                                                                  requires_grad=False)
+        self.matrix = Int8Matrix(linear.weight, bias=linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.matrix(x)
-        return y if self.bias is None else y + self.bias
+        return self.matrix(x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
@@ -109,19 +130,17 @@ class Int8GRU(nn.Module):
         if gru.num_layers != 1 or gru.bidirectional or gru.batch_first or not gru.bias:
             raise ValueError("Int8GRU takes a one-layer, unidirectional, time-major GRU with biases")
         self.hidden_size = gru.hidden_size
-        self.input_matrix = Int8Matrix(gru.weight_ih_l0)
-        self.state_matrix = Int8Matrix(gru.weight_hh_l0)
-        self.input_bias = nn.Parameter(gru.bias_ih_l0.detach().float().clone(), requires_grad=False)
-        self.state_bias = nn.Parameter(gru.bias_hh_l0.detach().float().clone(), requires_grad=False)
+        self.input_matrix = Int8Matrix(gru.weight_ih_l0, bias=gru.bias_ih_l0)
+        self.state_matrix = Int8Matrix(gru.weight_hh_l0, bias=gru.bias_hh_l0)
 
     def forward(self, inputs: Tensor, state: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         steps, batch, _ = inputs.shape
         h = inputs.new_zeros(batch, self.hidden_size) if state is None else state[0]
-        projected = self.input_matrix(inputs) + self.input_bias  # every step's input part in one product
+        projected = self.input_matrix(inputs)  # every step's input part in one product
         outputs = []
         for t in range(steps):
             x_r, x_z, x_n = projected[t].chunk(3, dim=-1)
-            h_r, h_z, h_n = (self.state_matrix(h) + self.state_bias).chunk(3, dim=-1)
+            h_r, h_z, h_n = self.state_matrix(h).chunk(3, dim=-1)
             r = torch.sigmoid(x_r + h_r)
             z = torch.sigmoid(x_z + h_z)
             h = (1 - z) * torch.tanh(x_n + r * h_n) + z * h

@@ -1,0 +1,208 @@
+/* int8 x int8 -> float32 matrix product for few rows (decoder steps at batch 1 and beams), one thread.
+ *
+ * y[m, n] = (sum_k q[m, k] w[n, k]) * xs[m] * ws[n] + b[n], where q = round(x / xs) with xs = max|x[m]| / 127
+ * (one symmetric scale per input row, round half to even) and w int8 with one scale per output row.
+ *
+ * Why not torch's own int8 kernel: fbgemm's dynamic linear spends 100-200 us a call on a 1 x 256 input
+ * (quantizing, packing, dispatch), more than the float32 product; this kernel reads each weight byte once a
+ * call and does nothing else (5 us for a 256 x 256 matrix at one row here, 4-8x fewer bytes and time than
+ * float32). Built and loaded by native.py; compiled with -ffp-contract=off so that the float arithmetic is
+ * exactly the reference's in the tests (no fused multiply-adds).
+ */
+#include <math.h>
+#include <stdint.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* Each row of x (M, K) as int8 q (M, Kp), zero padded to Kp, and its scale; a row of zeros gets scale 1. */
+void fp_quantize_rows(const float *x, int64_t M, int64_t K, int64_t Kp, int8_t *q, float *scales) {
+    for (int64_t m = 0; m < M; ++m) {
+        const float *row = x + m * K;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+            float a = fabsf(row[k]);
+            amax = a > amax ? a : amax;
+        }
+        float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+        float inverse = 1.0f / scale;
+        int8_t *out = q + m * Kp;
+        for (int64_t k = 0; k < K; ++k) {
+            float v = nearbyintf(row[k] * inverse);
+            out[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+        }
+        for (int64_t k = K; k < Kp; ++k) out[k] = 0;
+        scales[m] = scale;
+    }
+}
+
+#if defined(__AVX2__)
+static inline int32_t horizontal_sum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* acc += the dot products of 32 int8 pairs, in 8 int32 lanes: maddubs multiplies unsigned by signed bytes, so
+ * a's magnitude times b with a's sign (|a|, |b| <= 127: the int16 pair sums cannot saturate). */
+static inline __m256i dot32(__m256i a, __m256i b, __m256i acc) {
+    __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+}
+#endif
+
+/* Kp a multiple of 32; rows of q and w zero padded from K to Kp. */
+void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, const float *ws, int64_t N,
+                  int64_t Kp, const float *bias, float *y) {
+    for (int64_t n = 0; n < N; ++n) {
+        const int8_t *wn = w + n * Kp;
+        const float b = bias ? bias[n] : 0.0f;
+        int64_t m = 0;
+#if defined(__AVX2__)
+        /* Four input rows at a time share each load of the weight row. */
+        for (; m + 4 <= M; m += 4) {
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < Kp; k += 32) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(wn + k));
+                a0 = dot32(_mm256_loadu_si256((const __m256i *)(q + (m + 0) * Kp + k)), wv, a0);
+                a1 = dot32(_mm256_loadu_si256((const __m256i *)(q + (m + 1) * Kp + k)), wv, a1);
+                a2 = dot32(_mm256_loadu_si256((const __m256i *)(q + (m + 2) * Kp + k)), wv, a2);
+                a3 = dot32(_mm256_loadu_si256((const __m256i *)(q + (m + 3) * Kp + k)), wv, a3);
+            }
+            y[(m + 0) * N + n] = (float)horizontal_sum(a0) * xs[m + 0] * ws[n] + b;
+            y[(m + 1) * N + n] = (float)horizontal_sum(a1) * xs[m + 1] * ws[n] + b;
+            y[(m + 2) * N + n] = (float)horizontal_sum(a2) * xs[m + 2] * ws[n] + b;
+            y[(m + 3) * N + n] = (float)horizontal_sum(a3) * xs[m + 3] * ws[n] + b;
+        }
+        for (; m < M; ++m) {
+            __m256i a0 = _mm256_setzero_si256();
+            for (int64_t k = 0; k < Kp; k += 32)
+                a0 = dot32(_mm256_loadu_si256((const __m256i *)(q + m * Kp + k)),
+                           _mm256_loadu_si256((const __m256i *)(wn + k)), a0);
+            y[m * N + n] = (float)horizontal_sum(a0) * xs[m] * ws[n] + b;
+        }
+#else
+        for (; m < M; ++m) {
+            const int8_t *qm = q + m * Kp;
+            int32_t acc = 0;
+            for (int64_t k = 0; k < Kp; ++k) acc += (int32_t)qm[k] * (int32_t)wn[k];
+            y[m * N + n] = (float)acc * xs[m] * ws[n] + b;
+        }
+#endif
+    }
+}
+
+/* ---- one incremental step of a fairseq transformer decoder layer, int8 matrices ---------------------------
+ *
+ * The whole layer in one call: at batch 1 a step of torch operations spends more time dispatching its ~30
+ * small operations a layer than computing them. Arithmetic as fairseq's TransformerDecoderLayer in eval mode
+ * (post-norm or pre-norm, relu or gelu); the matrices are the int8 products above, the rest float32. */
+
+typedef struct {
+    const int8_t *values; /* (out, width) int8, rows zero padded to width */
+    const float *scales;  /* (out) */
+    const float *bias;    /* (out) or NULL */
+    int64_t out, in, width;
+} fp_matrix;
+
+typedef struct {
+    fp_matrix qkv, self_out, cross_q, cross_out, fc1, fc2;
+    const float *self_norm_weight, *self_norm_bias, *cross_norm_weight, *cross_norm_bias;
+    const float *final_norm_weight, *final_norm_bias;
+    float self_norm_eps, cross_norm_eps, final_norm_eps, scaling;
+    int64_t heads, head_dim, normalize_before, gelu;
+} fp_layer;
+
+/* x (M, in) -> y (M, out); q and scales: room for M rows of width bytes / M floats. */
+static void matrix_product(const fp_matrix *A, const float *x, int64_t M, float *y, int8_t *q, float *scales) {
+    fp_quantize_rows(x, M, A->in, A->width, q, scales);
+    fp_int8_gemm(q, scales, M, A->values, A->scales, A->out, A->width, A->bias, y);
+}
+
+static void layer_norm(float *x, int64_t M, int64_t D, const float *w, const float *b, float eps) {
+    for (int64_t m = 0; m < M; ++m) {
+        float *row = x + m * D;
+        float mean = 0.0f, var = 0.0f;
+        for (int64_t d = 0; d < D; ++d) mean += row[d];
+        mean /= (float)D;
+        for (int64_t d = 0; d < D; ++d) var += (row[d] - mean) * (row[d] - mean);
+        float inv = 1.0f / sqrtf(var / (float)D + eps);
+        for (int64_t d = 0; d < D; ++d) row[d] = (row[d] - mean) * inv * w[d] + b[d];
+    }
+}
+
+/* softmax(q . keys[j] * scaling over j < length, masked) . values -> out (head_dim); keys/values rows of
+ * head_dim floats, stride apart; scores: room for length floats. */
+static void attend(const float *q, const float *keys, const float *values, int64_t length, int64_t stride,
+                   int64_t head_dim, float scaling, const uint8_t *mask, float *scores, float *out) {
+    float best = -INFINITY;
+    for (int64_t j = 0; j < length; ++j) {
+        if (mask && !mask[j]) { scores[j] = -INFINITY; continue; }
+        const float *k = keys + j * stride;
+        float s = 0.0f;
+        for (int64_t d = 0; d < head_dim; ++d) s += q[d] * k[d];
+        scores[j] = s * scaling;
+        best = scores[j] > best ? scores[j] : best;
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < length; ++j) {
+        scores[j] = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - best);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < length; ++j) {
+        const float p = scores[j] / total;
+        const float *v = values + j * stride;
+        for (int64_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
+    }
+}
+
+/* x (M, D) in place. keys/values: (rows >= M, heads, capacity, head_dim), position t written here;
+ * cross_keys/values (M, heads, S, head_dim); source_attend (M, S): 1 where a source token is, or NULL.
+ * scratch: room for M * (5 D + ffn) + max(t + 1, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
+void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
+                           int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
+                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf) {
+    const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
+    float *residual = scratch, *qkv = residual + M * D, *context = qkv + 3 * M * D, *hidden = context + M * D;
+    float *scores = hidden + M * F;
+    /* self-attention over the prefix */
+    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    matrix_product(&L->qkv, x, M, qkv, qbuf, sbuf);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t h = 0; h < H; ++h) {
+            const float *row = qkv + m * 3 * D;
+            float *k = keys + ((m * H + h) * capacity + t) * hd, *v = values + ((m * H + h) * capacity + t) * hd;
+            for (int64_t d = 0; d < hd; ++d) { k[d] = row[D + h * hd + d]; v[d] = row[2 * D + h * hd + d]; }
+            attend(row + h * hd, keys + (m * H + h) * capacity * hd, values + (m * H + h) * capacity * hd, t + 1,
+                   hd, hd, L->scaling, NULL, scores, context + m * D + h * hd);
+        }
+    matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
+    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    /* attention over the source */
+    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
+    matrix_product(&L->cross_q, x, M, qkv, qbuf, sbuf);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t h = 0; h < H; ++h)
+            attend(qkv + m * D + h * hd, cross_keys + (m * H + h) * S * hd, cross_values + (m * H + h) * S * hd, S,
+                   hd, hd, L->scaling, source_attend ? source_attend + m * S : NULL, scores,
+                   context + m * D + h * hd);
+    matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
+    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
+    /* feed-forward */
+    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+    matrix_product(&L->fc1, x, M, hidden, qbuf, sbuf);
+    for (int64_t i = 0; i < M * F; ++i) {
+        const float h = hidden[i];
+        hidden[i] = L->gelu ? 0.5f * h * (1.0f + erff(h * 0.70710678118654752f)) : (h > 0.0f ? h : 0.0f);
+    }
+    matrix_product(&L->fc2, hidden, M, x, qbuf, sbuf);
+    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+}

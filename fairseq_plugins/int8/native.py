@@ -1,0 +1,195 @@
+"""The int8 kernel (kernel.c): compiled once per machine with the system's C compiler, loaded with ctypes.
+
+No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
+nothing is built at install time: the first int8 matrix builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
+``~/.cache/fairseq_plugins``), under a name that covers the source, the flags and the CPU's instruction set,
+written aside and renamed, so concurrent processes never load a half-written library. Where no compiler
+works, int8 matrices fall back to torch's fbgemm kernel (same per-row semantics, slower at few rows) with
+one warning; ``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces that fallback.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.c")
+# The weight rows are zero padded to a multiple of this many bytes (one AVX2 register).
+ALIGN = 32
+BACKEND_VARIABLE = "FAIRSEQ_PLUGINS_INT8"
+BACKENDS = ("native", "fbgemm")
+
+_library = None
+_failure: Optional[str] = None
+
+
+def _flags():
+    # -ffp-contract=off: no fused multiply-adds, so the float arithmetic is the order the C source writes.
+    flags = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        flags.append("-mavx2")
+    return flags
+
+
+def _build() -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc, gcc or $CC) found")
+    flags = _flags()
+    with open(SOURCE, "rb") as f:
+        key = hashlib.sha256(f.read() + " ".join([compiler] + flags).encode()).hexdigest()[:16]
+    cache = os.environ.get("FAIRSEQ_PLUGINS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                    "fairseq_plugins")
+    path = os.path.join(cache, f"int8_kernel-{key}.so")
+    if os.path.exists(path):
+        return path
+    os.makedirs(cache, exist_ok=True)
+    handle, aside = tempfile.mkstemp(suffix=".so", dir=cache)
+    os.close(handle)
+    try:
+        result = subprocess.run([compiler, *flags, SOURCE, "-o", aside, "-lm"], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} {' '.join(flags)} {SOURCE} failed: {result.stderr.strip()[-500:]}")
+        os.replace(aside, path)
+    finally:
+        if os.path.exists(aside):
+            os.unlink(aside)
+    return path
+
+
+def backend() -> str:
+    """"native" (this module's kernel) or "fbgemm" (torch's), for int8 matrices made from now on."""
+    global _library, _failure
+    wanted = os.environ.get(BACKEND_VARIABLE, "native")
+    if wanted not in BACKENDS:
+        raise ValueError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
+    if wanted == "fbgemm":
+        return "fbgemm"
+    if _library is None and _failure is None:
+        try:
+            library = ctypes.CDLL(_build())
+            pointer, size = ctypes.c_void_p, ctypes.c_int64
+            library.fp_quantize_rows.argtypes = [pointer, size, size, size, pointer, pointer]
+            library.fp_quantize_rows.restype = None
+            library.fp_int8_gemm.argtypes = [pointer, pointer, size, pointer, pointer, size, size, pointer, pointer]
+            library.fp_int8_gemm.restype = None
+            library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
+                                                      size, size, pointer, pointer, size, pointer, pointer, pointer,
+                                                      pointer]
+            library.fp_decoder_layer_step.restype = None
+            _library = library
+        except (OSError, RuntimeError) as error:
+            _failure = str(error)
+            logger.warning("int8: the native kernel could not be built (%s); using torch's fbgemm kernel, which "
+                           "is several times slower at a few rows", _failure)
+    return "native" if _library is not None else "fbgemm"
+
+
+class Matrix(ctypes.Structure):
+    """kernel.c's fp_matrix: an int8 matrix's values (out, width), row scales, bias (or NULL) and sizes."""
+    _fields_ = [("values", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("out", ctypes.c_int64), ("in_", ctypes.c_int64), ("width", ctypes.c_int64)]
+
+
+LAYER_MATRICES = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")
+LAYER_NORMS = ("self_norm", "cross_norm", "final_norm")
+
+
+class DecoderLayer(ctypes.Structure):
+    """kernel.c's fp_layer: one transformer decoder layer's int8 matrices, layer norms and settings."""
+    _fields_ = ([(name, Matrix) for name in LAYER_MATRICES]
+                + [(f"{name}_{part}", ctypes.c_void_p) for name in LAYER_NORMS for part in ("weight", "bias")]
+                + [(f"{name}_eps", ctypes.c_float) for name in LAYER_NORMS] + [("scaling", ctypes.c_float)]
+                + [(name, ctypes.c_int64) for name in ("heads", "head_dim", "normalize_before", "gelu")])
+
+
+def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, normalize_before: bool,
+                  gelu: bool) -> DecoderLayer:
+    """The fp_layer of ``matrices`` (name -> native Int8Matrix, LAYER_MATRICES) and ``norms`` (name -> torch
+    LayerNorm, LAYER_NORMS). The caller keeps the matrices and norms alive as long as the layer."""
+    layer = DecoderLayer(heads=heads, head_dim=head_dim, scaling=scaling, normalize_before=int(normalize_before),
+                         gelu=int(gelu))
+    for name in LAYER_MATRICES:
+        matrix = matrices[name]
+        assert matrix.backend == "native" and matrix.values.is_contiguous()
+        setattr(layer, name, Matrix(matrix.values.data_ptr(), matrix.scales.data_ptr(),
+                                    None if matrix.bias is None else matrix.bias.data_ptr(),
+                                    matrix.rows, matrix.dim, matrix.values.size(1)))
+    for name in LAYER_NORMS:
+        norm = norms[name]
+        setattr(layer, f"{name}_weight", norm.weight.data_ptr())
+        setattr(layer, f"{name}_bias", norm.bias.data_ptr())
+        setattr(layer, f"{name}_eps", norm.eps)
+    return layer
+
+
+class LayerStepper:
+    """Runs ``fp_decoder_layer_step`` with scratch buffers that grow as rows and lengths do."""
+
+    def __init__(self):
+        self.scratch = torch.empty(0)
+        self.quantized = torch.empty(0, dtype=torch.int8)
+        self.row_scales = torch.empty(0)
+
+    def __call__(self, layer: DecoderLayer, x: Tensor, keys: Tensor, values: Tensor, t: int, cross_keys: Tensor,
+                 cross_values: Tensor, source_attend: Optional[Tensor]) -> None:
+        """x (rows, d) float32 contiguous, updated in place; keys/values (>= rows, heads, capacity, head_dim)
+        get position t; cross_keys/values (rows, heads, S, head_dim); source_attend (rows, S) bool or None."""
+        rows, source_length = x.size(0), cross_keys.size(2)
+        d, ffn = layer.heads * layer.head_dim, layer.fc1.out
+        need = rows * (5 * d + ffn) + max(t + 1, source_length)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(2 * need)
+        width = max(getattr(layer, name).width for name in LAYER_MATRICES)
+        if self.quantized.numel() < rows * width:
+            self.quantized = torch.empty(2 * rows * width, dtype=torch.int8)
+            self.row_scales = torch.empty(2 * rows)
+        _library.fp_decoder_layer_step(
+            ctypes.byref(layer), x.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.size(2), t,
+            cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
+            None if source_attend is None else source_attend.data_ptr(), self.scratch.data_ptr(),
+            self.quantized.data_ptr(), self.row_scales.data_ptr())
+
+
+def padded_width(dim: int) -> int:
+    return (dim + ALIGN - 1) // ALIGN * ALIGN
+
+
+def quantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
+    """int8 rows round(W / scale) (half to even), zero padded to a multiple of ALIGN columns."""
+    rows, dim = weight.shape
+    values = torch.zeros(rows, padded_width(dim), dtype=torch.int8)
+    values[:, :dim] = torch.round(weight / scales.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+    return values
+
+
+def int8_product(x: Tensor, weight: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int) -> Tensor:
+    """x (M, dim) float32 contiguous times the padded int8 ``weight`` (N, Kp) with row ``scales`` (N,), + bias."""
+    rows, (out_rows, width) = x.size(0), weight.shape
+    quantized = torch.empty(rows, width, dtype=torch.int8)
+    row_scales = torch.empty(rows)
+    y = torch.empty(rows, out_rows)
+    _library.fp_quantize_rows(x.data_ptr(), rows, dim, width, quantized.data_ptr(), row_scales.data_ptr())
+    _library.fp_int8_gemm(quantized.data_ptr(), row_scales.data_ptr(), rows, weight.data_ptr(), scales.data_ptr(),
+                          out_rows, width, None if bias is None else bias.data_ptr(), y.data_ptr())
+    return y
+
+
+def reference_product(x: Tensor, weight: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int) -> Tensor:
+    """What ``int8_product`` computes, in torch operations (for tests): the same rounding, exact integer sums,
+    then the same float32 operations in the same order."""
+    amax = x.abs().amax(dim=1)
+    row_scales = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    quantized = torch.round(x * (1 / row_scales).unsqueeze(1)).clamp(-127, 127)
+    sums = (quantized.double() @ weight[:, :dim].double().t()).float()  # exact: |sums| < 2^24 here
+    y = sums * row_scales.unsqueeze(1) * scales.unsqueeze(0)
+    return y if bias is None else y + bias
