@@ -243,14 +243,17 @@ def test_lists_that_hold_every_word_give_the_full_softmaxs_greedy_output(trained
                            scores=False)
 
 
-@pytest.mark.parametrize("beam", [1, 5])
-def test_a_list_of_every_symbol_gives_the_full_softmaxs_hypotheses_and_scores(trained, lists, beam):
+@pytest.mark.parametrize("setting", ["greedy", "greedy, min/max length, unk penalty, length penalty", "beam 5"])
+def test_a_list_of_every_symbol_gives_the_full_softmaxs_hypotheses_and_scores(trained, lists, setting):
+    """At beam 1 the greedy loop works in the lists' columns (its own pad/unk/EOS and length rules): with a
+    list of every symbol it must be the stock generator over the whole vocabulary."""
     model, task, batches = load(trained["checkpoint"], 16)
     built = Shortlist.load(lists["everything"], task.source_dictionary, task.target_dictionary)
     every_symbol = Shortlist(built.translations, built.frequent, torch.arange(len(task.target_dictionary)),
                              built.source_fingerprint, built.target_fingerprint, built.target_size, built.meta)
-    fast = FastStepSequenceGenerator([model], task.target_dictionary, beam_size=beam, shortlist=every_symbol)
-    stock = SequenceGenerator([model], task.target_dictionary, beam_size=beam)
+    settings = GENERATOR_SETTINGS[setting]
+    fast = FastStepSequenceGenerator([model], task.target_dictionary, shortlist=every_symbol, **settings)
+    stock = SequenceGenerator([model], task.target_dictionary, **settings)
     assert_same_hypotheses(hypotheses_by_id(fast, model, batches), hypotheses_by_id(stock, model, batches))
 
 

@@ -74,15 +74,20 @@ class FastStepEnsemble(EnsembleModel):
     def next_lprobs(self, previous: Tensor, temperature: float = 1.0) -> Tensor:
         """Log-probabilities (rows, V) of the next token after each row's prefix, whose last token is
         ``previous`` (fairseq's get_normalized_probs: log-softmax in float32 of logits / temperature)."""
-        logits = self.engine.logits(self.engine.step(previous))
-        if temperature != 1.0:
-            logits = logits / temperature
-        lprobs = F.log_softmax(logits.float(), dim=-1)
-        self.steps += 1
+        lprobs = self.next_list_lprobs(previous, temperature)
         if self.row_candidates is None:
             return lprobs
         full = lprobs.new_full((lprobs.size(0), self.vocabulary), float("-inf"))
         return full.scatter_(1, self.row_candidates, lprobs)
+
+    def next_list_lprobs(self, previous: Tensor, temperature: float = 1.0) -> Tensor:
+        """``next_lprobs`` over each row's candidate list only (rows, C), the columns of ``row_candidates``
+        (padding columns -inf); without lists, over the vocabulary."""
+        logits = self.engine.logits(self.engine.step(previous))
+        if temperature != 1.0:
+            logits = logits / temperature
+        self.steps += 1
+        return F.log_softmax(logits.float(), dim=-1)
 
     def reorder_incremental_state(self, incremental_states, new_order: Tensor) -> None:
         if new_order.numel() != self.engine.rows and self.row_candidates is not None:
@@ -148,22 +153,37 @@ class FastStepSequenceGenerator(SequenceGenerator):
         scores = torch.zeros(bsz, max_len + 1, device=device)
         finished: List[Optional[List[Dict[str, Tensor]]]] = [None] * bsz
         for step in range(max_len + 1):
-            lprobs = self.model.next_lprobs(tokens[:, step], self.temperature)
-            lprobs[lprobs != lprobs] = -math.inf
-            lprobs[:, self.pad] = -math.inf
-            lprobs[:, self.unk] -= self.unk_penalty
-            if step >= max_len:
-                lprobs[:, :self.eos] = -math.inf
-                lprobs[:, self.eos + 1:] = -math.inf
-            if step < self.min_len:
-                lprobs[:, self.eos] = -math.inf
+            lists = self.model.row_candidates  # each row's candidate ids (rows, C), ascending; or None
+            if lists is None:
+                lprobs = self.model.next_lprobs(tokens[:, step], self.temperature)
+                lprobs[lprobs != lprobs] = -math.inf
+                lprobs[:, self.pad] = -math.inf
+                lprobs[:, self.unk] -= self.unk_penalty
+                if step >= max_len:
+                    lprobs[:, :self.eos] = -math.inf
+                    lprobs[:, self.eos + 1:] = -math.inf
+                if step < self.min_len:
+                    lprobs[:, self.eos] = -math.inf
+            else:
+                # The same rules over the lists' columns only: every other word has -inf in the full row, and
+                # the columns keep the vocabulary's order, so the best column is the full row's argmax.
+                lprobs = self.model.next_list_lprobs(tokens[:, step], self.temperature)
+                lprobs[lprobs != lprobs] = -math.inf
+                lprobs.masked_fill_(lists == self.pad, -math.inf)
+                if self.unk_penalty:
+                    lprobs = lprobs - self.unk_penalty * (lists == self.unk)
+                if step >= max_len:
+                    lprobs.masked_fill_(lists != self.eos, -math.inf)
+                if step < self.min_len:
+                    lprobs.masked_fill_(lists == self.eos, -math.inf)
             if step > 0:
                 lprobs = lprobs + scores[:, step - 1].unsqueeze(-1)
             # fairseq's beam search takes the top 2 x beam; the best is the same argmax, ties included
             best_scores, best = torch.topk(lprobs, k=min(2, lprobs.size(1)), dim=1)
+            best = best[:, 0] if lists is None else lists.gather(1, best[:, :1]).squeeze(1)
             scores[:, step] = best_scores[:, 0]
-            tokens[:, step + 1] = best[:, 0]
-            ended = best[:, 0] == self.eos
+            tokens[:, step + 1] = best
+            ended = best == self.eos
             if not bool(ended.any()):
                 continue
             for row in ended.nonzero().view(-1).tolist():
