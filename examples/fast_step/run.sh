@@ -10,16 +10,21 @@
 #   fast  : greedy at batch 1 with int8, candidate lists, and both (the whole test set, for BLEU):
 #           RESULTS/fast_step_approximate.json
 #   batch : greedy and beam 5 at batch BATCH: RESULTS/fast_step_batch.json
+#   devlin: Devlin (2017)'s search on the baseline: beam 6, int8 + candidate lists + early stopping (delta 3)
+#           against stock beam 6, batch 1, the whole test set: RESULTS/fast_step_devlin.json
+#   ctranslate2 : the bar: the same baseline converted by CTranslate2's fairseq converter (int8), greedy, one
+#           thread, one sentence at a time, on the sentences of the fast stage (installs ctranslate2==4.8.5 if
+#           missing): RESULTS/fast_step_ctranslate2.json
 #
 # Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES ("lists exact fast batch"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
+#   env: STAGES ("lists exact fast batch devlin ctranslate2"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
 #        FAST_LIMIT (0: the whole test set), RUNS (3), BATCH (32), TOP (20), FREQUENT (100),
 #        LIST (WORK/shortlist.pt), RESULTS (docs/results), DEVICE (cpu), THREADS (1)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/fast_step}
-STAGES=${STAGES:-lists exact fast batch}
+STAGES=${STAGES:-lists exact fast batch devlin ctranslate2}
 RESULTS=${RESULTS:-docs/results}
 LIST=${LIST:-$WORK/shortlist.pt}
 # shellcheck source=examples/common.sh
@@ -71,4 +76,19 @@ if stage batch; then
     bench "$RESULTS/fast_step_batch.json" "fast step fp32 beam $beam batch ${BATCH:-32}" "$beam" "${BATCH:-32}" \
       "${LIMIT:-300}"
   done
+fi
+
+if stage devlin; then
+  rm -f "$RESULTS/fast_step_devlin.json"
+  bench "$RESULTS/fast_step_devlin.json" "fast step int8 + candidate lists + early stop, beam 6" 6 1 \
+    "${FAST_LIMIT:-0}" --fast-step-precision int8 --fast-step-shortlist "$LIST" --fast-step-early-stop
+fi
+
+if stage ctranslate2; then
+  python -c "import ctranslate2" 2>/dev/null || pip install --no-deps ctranslate2==4.8.5
+  record ct2-fairseq-converter --model_path "$CHECKPOINT" --data_dir "$DATA/bin" --source_lang en --target_lang de \
+    --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
+  record python "$(dirname "$0")/../rnn_fc/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" \
+    --beam 1 --limit "${FAST_LIMIT:-0}" --runs "${RUNS:-3}" --provenance "${PROVENANCE[@]}" \
+    --json "$RESULTS/fast_step_ctranslate2.json"
 fi

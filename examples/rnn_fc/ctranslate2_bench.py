@@ -27,7 +27,7 @@ def main():
     p.add_argument("--data", required=True, help="prepared data directory (from `fairseq-plugins prepare`)")
     p.add_argument("--split", default="test")
     p.add_argument("--beam", type=int, default=6)
-    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--limit", type=int, default=200, help="the first N sentences (0: all)")
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--compute-type", default="int8")
     p.add_argument("--provenance", nargs="*", default=[])
@@ -37,8 +37,9 @@ def main():
     import ctranslate2
 
     data = PreparedData(args.data)
-    sources = read_lines(data.raw_path(args.split, data.source_lang))[:args.limit]
-    references = read_lines(data.raw_path(args.split, data.target_lang), allow_empty_lines=True)[:args.limit]
+    limit = args.limit or None
+    sources = read_lines(data.raw_path(args.split, data.source_lang))[:limit]
+    references = read_lines(data.raw_path(args.split, data.target_lang), allow_empty_lines=True)[:limit]
     source_tokenizer, target_tokenizer = data.tokenizer(data.source_lang), data.tokenizer(data.target_lang)
     pieces = [source_tokenizer.encode(line).split() + ["</s>"] for line in sources]  # fairseq's source EOS
     translator = ctranslate2.Translator(args.model, device="cpu", compute_type=args.compute_type, intra_threads=1,

@@ -13,7 +13,8 @@ step is bound by reading the weights, so the engine reads each weight once a ste
 - the cross-attention keys and values projected once a sentence; reordered only when the rows change
   sentences (a beam's hypotheses share their sentence's source);
 - optionally int8 weights with per-row activation scales (``fairseq_plugins.int8``: a row's result does not
-  depend on the batch).
+  depend on the batch); on the native int8 kernel each layer runs as one call (kernel.c's
+  fp_decoder_layer_step: the ~30 small torch operations of a layer cost more than its int8 arithmetic).
 
 The arithmetic of a row is fairseq's (the same operations; the fused projection, the attention kernel and
 the preallocated caches change the memory layout and the summation order only), so float32 logits agree
