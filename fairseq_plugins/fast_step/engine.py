@@ -133,9 +133,13 @@ class _Layer:
         if self.activation not in (F.relu, gelu) or not all(
                 isinstance(n, nn.LayerNorm) and n.weight is not None and n.bias is not None for n in norms.values()):
             return None
-        self.native_norms = norms  # the kernel reads their weights: keep them alive with the layer
-        return native.decoder_layer(matrices, norms, self.heads, self.head_dim, self.scaling, self.normalize_before,
-                                    gelu=self.activation is gelu)
+        # The kernel reads raw pointers: float32 copies of the norms, which a later model.to()/half() leaves alone
+        self.native_norms = {name: nn.LayerNorm(norm.normalized_shape, eps=norm.eps) for name, norm in norms.items()}
+        for name, norm in norms.items():
+            self.native_norms[name].load_state_dict({key: value.detach().float().clone()
+                                                     for key, value in norm.state_dict().items()})
+        return native.decoder_layer(matrices, self.native_norms, self.heads, self.head_dim, self.scaling,
+                                    self.normalize_before, gelu=self.activation is gelu)
 
 
 class FastDecoderStep:
@@ -259,7 +263,7 @@ class FastDecoderStep:
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         if self.native_layers is not None:
-            x = x.contiguous()  # a new tensor, updated in place layer by layer
+            x = x.float().contiguous().clone()  # updated in place layer by layer
             attend = None if self.source_attend is None else self.source_attend.view(rows, -1)
             for index, layer in enumerate(self.native_layers):
                 self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],

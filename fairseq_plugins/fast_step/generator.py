@@ -29,17 +29,23 @@ from .engine import FastDecoderStep
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 
 
+def encoder_for(model, precision: str):
+    """The encoder the fast step runs: with int8, a copy whose feed-forward matrices are int8 (2/3 of its
+    weights; its self-attention runs torch's fused kernel, which reads float32 weights). It runs once a
+    sentence, but at batch 1 that is a third of a sentence's time."""
+    if precision != "int8":
+        return model.encoder
+    return int8_copy(model.encoder, keep_float=[name for name, _ in model.encoder.named_modules()
+                                                if "self_attn" in name])
+
+
 class FastStepEnsemble(EnsembleModel):
     def __init__(self, models, precision: str = "fp32", shortlist=None):
         super().__init__(models)
         if len(models) != 1:
             raise ValueError("--fast-step runs one model, not an ensemble")
         self.engine = FastDecoderStep(models[0].decoder, precision)
-        # int8: the encoder's feed-forward matrices too (2/3 of its weights; its self-attention runs torch's
-        # fused kernel, which reads float32 weights). Once a sentence, but at batch 1 a third of the time.
-        self.encoder = int8_copy(models[0].encoder, keep_float=[
-            name for name, _ in models[0].encoder.named_modules() if "self_attn" in name]) \
-            if precision == "int8" else models[0].encoder
+        self.encoder = encoder_for(models[0], precision)
         self.shortlist = shortlist
         self.vocabulary = models[0].decoder.output_projection.out_features
         self.beam = 1
@@ -221,11 +227,12 @@ class FastStepStepper:
     def __init__(self, model, precision: str = "fp32"):
         self.model = model
         self.engine = FastDecoderStep(model.decoder, precision)
+        self.encoder = encoder_for(model, precision)
         self.rows = 1
         self.row_calls = 0
 
     def start(self, sample: Dict, candidates: Optional[Tensor], candidate_valid: Optional[Tensor] = None) -> None:
-        self.engine.start(self.model.encoder.forward_torchscript(sample["net_input"]))
+        self.engine.start(self.encoder.forward_torchscript(sample["net_input"]))
         self.engine.output.prepare(candidates, candidate_valid)
         self.rows = 1  # hypotheses a sentence: one at the first step
         self.row_calls = 0

@@ -146,12 +146,21 @@ class LayerStepper:
         get position t; cross_keys/values (rows, heads, S, head_dim); source_attend (rows, S) bool or None."""
         rows, source_length = x.size(0), cross_keys.size(2)
         d, ffn = layer.heads * layer.head_dim, layer.fc1.out
+        # The C code trusts these shapes (a mismatch would read or write out of bounds, not raise).
+        if not (x.dtype == keys.dtype == cross_keys.dtype == torch.float32 and x.shape == (rows, d)
+                and x.is_contiguous() and keys.is_contiguous() and values.is_contiguous()
+                and cross_keys.is_contiguous() and cross_values.is_contiguous() and keys.size(0) >= rows
+                and cross_keys.size(0) == rows and t < keys.size(2) and keys.shape == values.shape
+                and (source_attend is None or (source_attend.shape == (rows, source_length)
+                                               and source_attend.is_contiguous()))):
+            raise ValueError("fp_decoder_layer_step: tensors of unexpected shapes, types or layouts")
         need = rows * (5 * d + ffn) + max(t + 1, source_length)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(2 * need)
         width = max(getattr(layer, name).width for name in LAYER_MATRICES)
         if self.quantized.numel() < rows * width:
             self.quantized = torch.empty(2 * rows * width, dtype=torch.int8)
+        if self.row_scales.numel() < rows:
             self.row_scales = torch.empty(2 * rows)
         _library.fp_decoder_layer_step(
             ctypes.byref(layer), x.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.size(2), t,
