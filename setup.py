@@ -21,7 +21,7 @@ setup(
     # The platforms of the ve-fairseq 0.12.3 wheels (cp311, cp312; manylinux_2_28_x86_64).
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
-    package_data={"fairseq_plugins.int8": ["kernel.c"]},  # compiled at first use (int8/native.py)
+    package_data={"fairseq_plugins.native": ["kernel.c"]},  # compiled at first use (native/__init__.py)
     # torch and fairseq are deliberately absent: pip would pull a CUDA torch and torchaudio for them.
     # The Makefile installs torch==2.13.0 (CPU) and ve-fairseq==0.12.3 --no-deps, then these.
     install_requires=[

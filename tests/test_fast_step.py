@@ -50,15 +50,21 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["native layer", "torch operations"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_engine_logits_are_fairseqs_for_every_supported_layout(layout):
+def test_engine_logits_are_fairseqs_for_every_supported_layout(layout, fused):
+    from fairseq_plugins import native
+
     dictionary = word_dictionary()
     model = random_transformer(dictionary, **LAYOUTS[layout])
     assert unsupported_reason(model.decoder) is None
     if layout == "input/output projections":
         assert model.decoder.project_in_dim is not None and model.decoder.project_out_dim is not None
     sample = random_batch(dictionary, 3, src_len=7, seed=1)  # padded sources: the attention mask is used
-    engine = FastDecoderStep(model.decoder)
+    if fused and not native.available():
+        pytest.skip("the native kernels could not be built here")
+    engine = FastDecoderStep(model.decoder, fused=fused)
+    assert (engine.native_layers is not None) == fused
     prefix = torch.randint(dictionary.nspecial, len(dictionary), (3, 9), generator=torch.Generator().manual_seed(2))
     prefix[:, 0] = dictionary.eos()
     with torch.no_grad():
@@ -98,7 +104,7 @@ def test_the_fused_int8_layer_is_the_int8_layer_of_torch_operations(layout):
     rounding boundary may round the other way: rarely, a row differs by about one int8 step (~1e-2 here; it
     happens as often with the torch path's own input perturbed by 1e-6). A wrong layer (a norm in the wrong
     place, a cache slot off by one, a mask ignored) differs in every row."""
-    from fairseq_plugins.int8 import native
+    from fairseq_plugins import native
 
     if native.backend() != "native":
         pytest.skip("the native int8 kernel is not available")

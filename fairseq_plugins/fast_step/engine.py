@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from ..candidates import PRECISIONS, OutputLayer
 from ..common.packed_linear import PackedLinear
-from ..int8 import Int8Matrix, native
+from .. import native
+from ..int8 import Int8Matrix
 
 
 def unsupported_reason(decoder: nn.Module) -> Optional[str]:
@@ -120,25 +121,31 @@ class _Layer:
         self.native = self._native_layer(layer)
 
     def _native_layer(self, layer) -> Optional["native.DecoderLayer"]:
-        """The whole layer as one call of the native int8 kernel (kernel.c), where it implements the layer:
-        int8 matrices on the native backend, relu or gelu, affine layer norms."""
+        """The whole layer as one call of the native kernels (fairseq_plugins/native), where they implement it:
+        float32 matrices, or int8 ones on the native backend; relu or gelu; affine layer norms."""
         from fairseq.modules import gelu
 
         matrices = {"qkv": self.qkv, "self_out": self.self_out, "cross_q": self.cross_q,
                     "cross_out": self.cross_out, "fc1": self.fc1, "fc2": self.fc2}
         norms = {"self_norm": layer.self_attn_layer_norm, "cross_norm": layer.encoder_attn_layer_norm,
                  "final_norm": layer.final_layer_norm}
-        if not all(isinstance(m, Int8Matrix) and m.backend == "native" for m in matrices.values()):
-            return None
-        if self.activation not in (F.relu, gelu) or not all(
+        if not native.available() or self.activation not in (F.relu, gelu) or not all(
                 isinstance(n, nn.LayerNorm) and n.weight is not None and n.bias is not None for n in norms.values()):
             return None
+        structs = {}
+        for name, matrix in matrices.items():
+            if isinstance(matrix, PackedLinear):
+                structs[name] = native.float_matrix(matrix.weight, matrix.bias)
+            elif isinstance(matrix, Int8Matrix) and matrix.backend == "native":
+                structs[name] = native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim)
+            else:
+                return None
         # The kernel reads raw pointers: float32 copies of the norms, which a later model.to()/half() leaves alone
         self.native_norms = {name: nn.LayerNorm(norm.normalized_shape, eps=norm.eps) for name, norm in norms.items()}
         for name, norm in norms.items():
             self.native_norms[name].load_state_dict({key: value.detach().float().clone()
                                                      for key, value in norm.state_dict().items()})
-        return native.decoder_layer(matrices, self.native_norms, self.heads, self.head_dim, self.scaling,
+        return native.decoder_layer(structs, self.native_norms, self.heads, self.head_dim, self.scaling,
                                     self.normalize_before, gelu=self.activation is gelu)
 
 
@@ -166,7 +173,7 @@ class FastDecoderStep:
         self.positions = None
         self.embedding_norm = _layer_norm(decoder.layernorm_embedding)
         self.layers = [_Layer(layer, precision) for layer in decoder.layers]
-        # int8 on the native kernel: each layer in one call (``fused``; else the same layer as torch operations)
+        # Each layer in one call of the native kernels (``fused``; else the same layer as torch operations)
         self.native_layers = [layer.native for layer in self.layers] if fused else None
         if self.native_layers is not None and any(layer is None for layer in self.native_layers):
             self.native_layers = None

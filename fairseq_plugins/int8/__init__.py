@@ -3,7 +3,7 @@
 Weights are int8 with one scale per output row; activations are quantized with one scale per input row
 (per token), as int8 inference engines do, so a row's result is the same at batch 1 and batch 64.
 
-Two kernels compute it. The native one (kernel.c, built at first use by native.py) rounds each row to int8
+Two kernels compute it. The native one (fairseq_plugins/native: kernel.c, built at first use) rounds each row to int8
 with its own symmetric scale and sums int8 products in int32 with AVX2; at one row it costs 5 us for a
 256x256 matrix, where torch's dynamic-quantization kernel (fbgemm) costs 100-200 us. It also runs a whole
 transformer decoder layer in one call (the fast step's int8 path). Where no C compiler is found, fbgemm
@@ -15,7 +15,6 @@ Registers nothing; used by the fast step (``--fast-step-precision int8``) and rn
 (``--rnn-fc-precision int8``) for rnn_fc and transformer models.
 """
 
-from . import native
 from .linear import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
 
-__all__ = ["Int8GRU", "Int8Linear", "Int8Matrix", "int8_copy", "int8_module_names", "native"]
+__all__ = ["Int8GRU", "Int8Linear", "Int8Matrix", "int8_copy", "int8_module_names"]

@@ -9,7 +9,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import native
+from .. import native
 
 
 @contextlib.contextmanager

@@ -1,11 +1,14 @@
-"""The int8 kernel (kernel.c): compiled once per machine with the system's C compiler, loaded with ctypes.
+"""Native kernels (kernel.c) for decoder steps at batch 1 and beams: int8 and float32 matrix products of a few
+rows, and a whole transformer decoder layer's incremental step; compiled once per machine with the system's C
+compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8`` and the fast step.
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
-nothing is built at install time: the first int8 matrix builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
+nothing is built at install time: the first user builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
 ``~/.cache/fairseq_plugins``), under a name that covers the source, the flags and the CPU's instruction set,
 written aside and renamed, so concurrent processes never load a half-written library. Where no compiler
 works, int8 matrices fall back to torch's fbgemm kernel (same per-row semantics, slower at few rows) with
-one warning; ``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces that fallback.
+one warning, and the fast step runs its layers as torch operations; ``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces the
+int8 fallback.
 """
 
 import ctypes
@@ -66,14 +69,9 @@ def _build() -> str:
     return path
 
 
-def backend() -> str:
-    """"native" (this module's kernel) or "fbgemm" (torch's), for int8 matrices made from now on."""
+def available() -> bool:
+    """Whether the kernels are built and loaded (the first call builds them; a failure warns once)."""
     global _library, _failure
-    wanted = os.environ.get(BACKEND_VARIABLE, "native")
-    if wanted not in BACKENDS:
-        raise ValueError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
-    if wanted == "fbgemm":
-        return "fbgemm"
     if _library is None and _failure is None:
         try:
             library = ctypes.CDLL(_build())
@@ -89,14 +87,26 @@ def backend() -> str:
             _library = library
         except (OSError, RuntimeError) as error:
             _failure = str(error)
-            logger.warning("int8: the native kernel could not be built (%s); using torch's fbgemm kernel, which "
-                           "is several times slower at a few rows", _failure)
-    return "native" if _library is not None else "fbgemm"
+            logger.warning("the native kernels could not be built (%s): int8 uses torch's fbgemm kernel, several "
+                           "times slower at a few rows, and the fast step runs its layers as torch operations",
+                           _failure)
+    return _library is not None
+
+
+def backend() -> str:
+    """The int8 kernel for int8 matrices made from now on: "native" (kernel.c) or "fbgemm" (torch's), by
+    $FAIRSEQ_PLUGINS_INT8 (default native) and whether the native one could be built."""
+    wanted = os.environ.get(BACKEND_VARIABLE, "native")
+    if wanted not in BACKENDS:
+        raise ValueError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
+    return "native" if wanted == "native" and available() else "fbgemm"
 
 
 class Matrix(ctypes.Structure):
-    """kernel.c's fp_matrix: an int8 matrix's values (out, width), row scales, bias (or NULL) and sizes."""
-    _fields_ = [("values", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+    """kernel.c's fp_matrix: a float32 matrix's weights (out, in), or an int8 matrix's values (out, width) and
+    row scales; the bias (or NULL) and the sizes."""
+    _fields_ = [("weights", ctypes.c_void_p), ("values", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p),
                 ("out", ctypes.c_int64), ("in_", ctypes.c_int64), ("width", ctypes.c_int64)]
 
 
@@ -112,18 +122,35 @@ class DecoderLayer(ctypes.Structure):
                 + [(name, ctypes.c_int64) for name in ("heads", "head_dim", "normalize_before", "gelu")])
 
 
+def _pointer(tensor: Optional[Tensor]) -> Optional[int]:
+    if tensor is None:
+        return None
+    if tensor.dtype not in (torch.float32, torch.int8) or not tensor.is_contiguous() or tensor.device.type != "cpu":
+        raise ValueError("native kernels read contiguous float32/int8 CPU tensors")
+    return tensor.data_ptr()
+
+
+def float_matrix(weight: Tensor, bias: Optional[Tensor]) -> Matrix:
+    """fp_matrix of a float32 (out, in) weight and its bias (contiguous; kept alive by the caller)."""
+    return Matrix(weights=_pointer(weight), bias=_pointer(bias), out=weight.size(0), in_=weight.size(1),
+                  width=weight.size(1))
+
+
+def int8_matrix(values: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int) -> Matrix:
+    """fp_matrix of padded int8 ``values`` (out, width), row ``scales`` and bias (kept alive by the caller)."""
+    return Matrix(values=_pointer(values), scales=_pointer(scales), bias=_pointer(bias), out=values.size(0),
+                  in_=dim, width=values.size(1))
+
+
 def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, normalize_before: bool,
                   gelu: bool) -> DecoderLayer:
-    """The fp_layer of ``matrices`` (name -> native Int8Matrix, LAYER_MATRICES) and ``norms`` (name -> torch
-    LayerNorm, LAYER_NORMS). The caller keeps the matrices and norms alive as long as the layer."""
+    """The fp_layer of ``matrices`` (name -> ``float_matrix``/``int8_matrix`` of each of LAYER_MATRICES) and
+    ``norms`` (name -> float32 torch LayerNorm, LAYER_NORMS). The caller keeps the tensors of the matrices and
+    the norms alive, and unchanged, as long as the layer."""
     layer = DecoderLayer(heads=heads, head_dim=head_dim, scaling=scaling, normalize_before=int(normalize_before),
                          gelu=int(gelu))
     for name in LAYER_MATRICES:
-        matrix = matrices[name]
-        assert matrix.backend == "native" and matrix.values.is_contiguous()
-        setattr(layer, name, Matrix(matrix.values.data_ptr(), matrix.scales.data_ptr(),
-                                    None if matrix.bias is None else matrix.bias.data_ptr(),
-                                    matrix.rows, matrix.dim, matrix.values.size(1)))
+        setattr(layer, name, matrices[name])
     for name in LAYER_NORMS:
         norm = norms[name]
         setattr(layer, f"{name}_weight", norm.weight.data_ptr())

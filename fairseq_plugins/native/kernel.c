@@ -1,4 +1,7 @@
-/* int8 x int8 -> float32 matrix product for few rows (decoder steps at batch 1 and beams), one thread.
+/* Kernels for decoder steps at batch 1 and beams (few rows), one thread: an int8 x int8 -> float32 matrix
+ * product, a float32 one, and a whole transformer decoder layer's incremental step over either.
+ *
+ * int8:
  *
  * y[m, n] = (sum_k q[m, k] w[n, k]) * xs[m] * ws[n] + b[n], where q = round(x / xs) with xs = max|x[m]| / 127
  * (one symmetric scale per input row, round half to even) and w int8 with one scale per output row.
@@ -93,13 +96,70 @@ void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, 
     }
 }
 
-/* ---- one incremental step of a fairseq transformer decoder layer, int8 matrices ---------------------------
+#if defined(__AVX2__)
+static inline float horizontal_sum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* y (M, N) = x (M, K) w^T (N, K) + b, float32, each weight row read once for every four input rows (MKL's
+ * sgemm repacks the weight on every call at a few rows). */
+void fp_float_gemm(const float *x, int64_t M, const float *w, int64_t N, int64_t K, const float *bias, float *y) {
+    const int64_t K8 = K / 8 * 8;
+    for (int64_t n = 0; n < N; ++n) {
+        const float *wn = w + n * K;
+        const float b = bias ? bias[n] : 0.0f;
+        int64_t m = 0;
+#if defined(__AVX2__)
+        for (; m + 4 <= M; m += 4) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < K8; k += 8) {
+                __m256 wv = _mm256_loadu_ps(wn + k);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 0) * K + k), wv));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 1) * K + k), wv));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 2) * K + k), wv));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 3) * K + k), wv));
+            }
+            float s[4] = {horizontal_sum_ps(a0), horizontal_sum_ps(a1), horizontal_sum_ps(a2), horizontal_sum_ps(a3)};
+            for (int64_t r = 0; r < 4; ++r) {
+                for (int64_t k = K8; k < K; ++k) s[r] += x[(m + r) * K + k] * wn[k];
+                y[(m + r) * N + n] = s[r] + b;
+            }
+        }
+        for (; m < M; ++m) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            int64_t k = 0;
+            for (; k + 16 <= K8; k += 16) {
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k), _mm256_loadu_ps(wn + k)));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k + 8), _mm256_loadu_ps(wn + k + 8)));
+            }
+            for (; k < K8; k += 8)
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k), _mm256_loadu_ps(wn + k)));
+            float s = horizontal_sum_ps(_mm256_add_ps(a0, a1));
+            for (k = K8; k < K; ++k) s += x[m * K + k] * wn[k];
+            y[m * N + n] = s + b;
+        }
+#else
+        for (; m < M; ++m) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * wn[k];
+            y[m * N + n] = s + b;
+        }
+#endif
+    }
+}
+
+/* ---- one incremental step of a fairseq transformer decoder layer -----------------------------------------
  *
  * The whole layer in one call: at batch 1 a step of torch operations spends more time dispatching its ~30
- * small operations a layer than computing them. Arithmetic as fairseq's TransformerDecoderLayer in eval mode
- * (post-norm or pre-norm, relu or gelu); the matrices are the int8 products above, the rest float32. */
+ * small operations a layer than computing them with int8 weights, and a third of it with float32 weights.
+ * Post-norm or pre-norm, relu or gelu; the matrices are the products above, the rest float32. */
 
 typedef struct {
+    const float *weights; /* (out, in) float32: a float32 matrix; NULL: an int8 one */
     const int8_t *values; /* (out, width) int8, rows zero padded to width */
     const float *scales;  /* (out) */
     const float *bias;    /* (out) or NULL */
@@ -116,6 +176,10 @@ typedef struct {
 
 /* x (M, in) -> y (M, out); q and scales: room for M rows of width bytes / M floats. */
 static void matrix_product(const fp_matrix *A, const float *x, int64_t M, float *y, int8_t *q, float *scales) {
+    if (A->weights) {
+        fp_float_gemm(x, M, A->weights, A->out, A->in, A->bias, y);
+        return;
+    }
     fp_quantize_rows(x, M, A->in, A->width, q, scales);
     fp_int8_gemm(q, scales, M, A->values, A->scales, A->out, A->width, A->bias, y);
 }
@@ -158,7 +222,8 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 }
 
-/* x (M, D) in place. keys/values: (rows >= M, heads, capacity, head_dim), position t written here;
+/* Arithmetic as fairseq's TransformerDecoderLayer in eval mode; the matrices int8 or float32 (each its own).
+ * x (M, D) in place. keys/values: (rows >= M, heads, capacity, head_dim), position t written here;
  * cross_keys/values (M, heads, S, head_dim); source_attend (M, S): 1 where a source token is, or NULL.
  * scratch: room for M * (5 D + ffn) + max(t + 1, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
