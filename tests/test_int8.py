@@ -193,3 +193,36 @@ def test_without_a_compiler_int8_falls_back_to_fbgemm_with_a_warning(tmp_path, m
     monkeypatch.setenv(native.BACKEND_VARIABLE, "avx9")
     with pytest.raises(ValueError, match="FAIRSEQ_PLUGINS_INT8=avx9: choose one of native, fbgemm"):
         native.backend()
+
+
+def test_an_int8_transformer_encoder_follows_the_float32_one_and_does_not_depend_on_the_batch(backend):
+    from fairseq.models.transformer import TransformerModel, base_architecture
+
+    from fairseq_plugins.int8 import Int8EncoderSelfAttention, int8_encoder
+
+    torch.manual_seed(0)
+    dictionary = word_dictionary()
+    args = argparse.Namespace(encoder_layers=2, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
+                              encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
+                              decoder_attention_heads=4, max_source_positions=64, max_target_positions=64, dropout=0.0)
+    base_architecture(args)
+    model = TransformerModel.build_model(args, DictionaryTask(dictionary)).eval()
+    encoder = int8_encoder(model.encoder)
+    assert all(isinstance(layer.self_attn, Int8EncoderSelfAttention) and isinstance(layer.fc1, Int8Linear)
+               for layer in encoder.layers)
+    assert isinstance(model.encoder.layers[0].fc1, nn.Linear)  # the original is untouched
+    lengths = torch.tensor([7, 4, 6])
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (3, 7))
+    for row, length in enumerate(lengths.tolist()):  # left-padded, as fairseq's translation task pads sources
+        tokens[row, :7 - length] = dictionary.pad()
+    with torch.no_grad():
+        expected = model.encoder(tokens, lengths)["encoder_out"][0]
+        together = encoder(tokens, lengths)["encoder_out"][0]
+        alone = [encoder(tokens[row:row + 1, 7 - length:], lengths[row:row + 1])["encoder_out"][0][:, 0]
+                 for row, length in enumerate(lengths.tolist())]
+    for row, length in enumerate(lengths.tolist()):
+        real = together[7 - length:, row]
+        # int8 rounding (a few hundredths of the largest magnitude), not another computation
+        error = float((real - expected[7 - length:, row]).abs().max() / expected.abs().max())
+        assert 0 < error < 0.05, error
+        torch.testing.assert_close(real, alone[row], rtol=0, atol=1e-5)

@@ -15,6 +15,8 @@ Registers nothing; used by the fast step (``--fast-step-precision int8``) and rn
 (``--rnn-fc-precision int8``) for rnn_fc and transformer models.
 """
 
-from .linear import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
+from .linear import (Int8EncoderSelfAttention, Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_encoder,
+                     int8_module_names)
 
-__all__ = ["Int8GRU", "Int8Linear", "Int8Matrix", "int8_copy", "int8_module_names"]
+__all__ = ["Int8EncoderSelfAttention", "Int8GRU", "Int8Linear", "Int8Matrix", "int8_copy", "int8_encoder",
+           "int8_module_names"]

@@ -7,6 +7,7 @@ import warnings
 from typing import Iterable, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import native
@@ -146,6 +147,56 @@ class Int8GRU(nn.Module):
             h = (1 - z) * torch.tanh(x_n + r * h_n) + z * h
             outputs.append(h)
         return torch.stack(outputs), h.unsqueeze(0)
+
+
+class Int8EncoderSelfAttention(nn.Module):
+    """fairseq's ``MultiheadAttention`` as an encoder's self-attention (whole sequences, no incremental state)
+    with its q/k/v projections as one int8 matrix and its output projection int8. fairseq runs an encoder's
+    self-attention through torch's fused kernel, which reads the float32 weights, so ``Int8Linear`` cannot
+    stand in for its projections."""
+
+    def __init__(self, attention: nn.Module):
+        super().__init__()
+        if not attention.self_attention or not attention.qkv_same_dim or attention.bias_k is not None \
+                or attention.add_zero_attn:
+            raise ValueError("Int8EncoderSelfAttention takes a self-attention without --add-bias-kv, "
+                             "--add-zero-attn or other key/value dimensions")
+        self.heads, self.head_dim, self.scaling = attention.num_heads, attention.head_dim, attention.scaling
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        biases = [p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections]
+        self.qkv = Int8Matrix(torch.cat([p.weight.detach() for p in projections]),
+                              bias=torch.cat([b.detach() for b in biases]))
+        self.out = Int8Matrix(attention.out_proj.weight, bias=attention.out_proj.bias)
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None, incremental_state=None, need_weights: bool = True,
+                static_kv: bool = False, attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
+                need_head_weights: bool = False) -> Tuple[Tensor, None]:
+        if incremental_state is not None or attn_mask is not None or before_softmax or need_head_weights:
+            raise ValueError("Int8EncoderSelfAttention: incremental states, attention masks and attention "
+                             "weights are not supported (an encoder's self-attention needs none)")
+        length, batch, dim = query.shape
+        q, k, v = self.qkv(query).view(length, batch, 3, self.heads, self.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+        attend = None if key_padding_mask is None else ~key_padding_mask.bool()[:, None, None, :]
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=self.scaling)  # (B, H, T, hd)
+        return self.out(context.permute(2, 0, 1, 3).reshape(length, batch, dim)), None
+
+
+def int8_encoder(encoder: nn.Module) -> nn.Module:
+    """A copy of a fairseq transformer encoder with every layer's matrices int8: the self-attention
+    (``Int8EncoderSelfAttention``) and the feed-forward block (``Int8Linear``)."""
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    for index, layer in enumerate(encoder.layers):
+        if type(layer).forward is not TransformerEncoderLayerBase.forward or not isinstance(layer.fc1, nn.Linear) \
+                or not isinstance(layer.fc2, nn.Linear):
+            raise ValueError(f"int8 encoder: encoder layer {index} ({type(layer).__name__}) is not a plain fairseq "
+                             "transformer encoder layer")
+    copied = copy.deepcopy(encoder)
+    for layer in copied.layers:
+        layer.self_attn = Int8EncoderSelfAttention(layer.self_attn)
+        layer.fc1, layer.fc2 = Int8Linear(layer.fc1), Int8Linear(layer.fc2)
+    return copied
 
 
 def _convertible(name: str, module: nn.Module) -> bool:
