@@ -4,8 +4,9 @@ compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8`
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
 nothing is built at install time: the first user builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
-``~/.cache/fairseq_plugins``), under a name that covers the source, the compiler and its flags (-mavx2 where the CPU has AVX2),
-written aside and renamed, so concurrent processes never load a half-written library. Where no compiler
+``~/.cache/fairseq_plugins``), under a name that covers the source, the compiler and its flags (-mavx2
+where the CPU has AVX2), written aside and renamed, so concurrent processes never load a half-written
+library. Where no compiler
 works, int8 matrices fall back to torch's fbgemm kernel (same per-row semantics, slower at few rows) with
 one warning, and the fast step runs its layers as torch operations; ``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces the
 int8 fallback.
