@@ -12,6 +12,7 @@ from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, ra
 
 from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
+from fairseq_plugins import native
 from fairseq_plugins.int8 import Int8Linear
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
@@ -480,12 +481,20 @@ def assert_same_up_to_float_ties(together, alone, tolerance):
                 assert abs(ties[0] - score) < tolerance, (sentence, rank, tokens, their_tokens)
 
 
+@pytest.mark.parametrize("backend", native.BACKENDS)
 @pytest.mark.parametrize("system", ["checkpoint", "baseline"])
-def test_outputs_do_not_depend_on_the_batch_with_int8_or_candidate_lists(rnn_fc_trained, system):
+def test_outputs_do_not_depend_on_the_batch_with_int8_or_candidate_lists(rnn_fc_trained, system, backend,
+                                                                          monkeypatch):
     # int8 has per-row activation scales, and a list padded to its batch's longest list gives the padding no
-    # probability: a sentence's translation is the same at batch 8 and batch 1. Measured on this rnn_fc:
-    # per-row scales change scores by at most 7e-5 between batch 8 and batch 1 (float32 rounding of the
-    # encoder), one scale per call by up to 0.05, changing 12 of 40 best outputs.
+    # probability: a sentence's translation is the same at batch 8 and batch 1. Measured on this rnn_fc with
+    # fbgemm: per-row scales change scores by at most 1.4e-4 between batch 8 and batch 1 (float32 rounding of
+    # the encoder), one scale per call by up to 0.05, changing 12 of 40 best outputs. The native kernel's
+    # finer symmetric rounding lets those last-bit differences of the encoder flip an activation's rounding
+    # now and then: scores move by up to 3.6e-3 (measured), and 37-40 of 40 n-best lists stay identical.
+    # (Its rows are independent of each other exactly: tests/test_int8.py.)
+    monkeypatch.setenv(native.BACKEND_VARIABLE, backend)
+    if native.backend() != backend:
+        pytest.skip(f"the {backend} int8 kernel is not available here")
     model, tgt_dict, src_dict, batches = load(rnn_fc_trained[system])
     _, _, _, singles = load(rnn_fc_trained[system], batch_size=1)
     shortlist = Shortlist.load(rnn_fc_trained["shortlist"], src_dict, tgt_dict)
@@ -493,7 +502,12 @@ def test_outputs_do_not_depend_on_the_batch_with_int8_or_candidate_lists(rnn_fc_
         generator = RnnFcGenerator([model], tgt_dict, beam=6, nbest=6, precision=precision, shortlist=lists)
         together, alone = scored_by_id(generator, model, batches), scored_by_id(generator, model, singles)
         assert len(together) == len(alone) == 40 and all(len(n_best) == 6 for n_best in together)
-        assert_same_up_to_float_ties(together, alone, tolerance=1e-3)
+        if backend == "fbgemm" or precision == "fp32":
+            assert_same_up_to_float_ties(together, alone, tolerance=1e-3)
+        else:  # the same n-best list: the same scores up to a few flipped roundings
+            for mine, theirs in zip(together, alone):
+                if [t for t, _ in mine] == [t for t, _ in theirs]:
+                    assert max(abs(s - their) for (_, s), (_, their) in zip(mine, theirs)) < 1e-2
         identical = sum([t for t, _ in mine] == [t for t, _ in theirs] for mine, theirs in zip(together, alone))
         assert identical >= 36, (precision, lists is not None, identical)  # near-ties are rare
         if precision == "int8":  # int8 ran, not float32
