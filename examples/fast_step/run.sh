@@ -65,6 +65,7 @@ fi
 if stage fast; then
   # JOBS settings at a time, one thread each (JOBS=2 on 2 otherwise idle cores); one JSON part a setting.
   parts=()
+  pids=()
   index=0
   for setting in "int8|--fast-step-precision int8" \
                  "int8 + candidate lists|--fast-step-precision int8 --fast-step-shortlist $LIST" \
@@ -74,11 +75,14 @@ if stage fast; then
     parts+=("$part")
     # shellcheck disable=SC2086  # the flags are words
     bench "$part" "fast step ${setting%%|*}, greedy" 1 1 "${FAST_LIMIT:-0}" ${setting#*|} &
+    pids+=($!)
     index=$((index + 1))
-    if (( index % ${JOBS:-1} == 0 )); then wait; fi
+    if (( index % ${JOBS:-1} == 0 )); then for pid in "${pids[@]}"; do wait "$pid"; done; pids=(); fi
   done
-  wait
-  python -c 'import json, sys; json.dump([r for p in sys.argv[2:] for r in json.load(open(p))], open(sys.argv[1], "w"), indent=2)' \
+  for pid in "${pids[@]}"; do wait "$pid"; done  # (wait PID returns the job's status: set -e stops on a failure)
+  # (a part holds one result: bench writes a single result as an object, more as a list)
+  python -c 'import json, sys; parts = [json.load(open(p)) for p in sys.argv[2:]]
+json.dump([r for p in parts for r in (p if isinstance(p, list) else [p])], open(sys.argv[1], "w"), indent=2)' \
     "$RESULTS/fast_step_approximate.json.tmp" "${parts[@]}"
   mv "$RESULTS/fast_step_approximate.json.tmp" "$RESULTS/fast_step_approximate.json"
 fi
