@@ -158,6 +158,22 @@ def test_a_decoder_that_is_not_a_transformer_is_refused():
     assert "is not a fairseq TransformerDecoder" in unsupported_reason(decoder)
 
 
+def test_the_int8_encoder_names_what_it_cannot_convert():
+    from fairseq.models.lstm import LSTMEncoder
+
+    from fairseq_plugins.int8 import int8_encoder, int8_encoder_unsupported_reason
+
+    model = random_transformer(word_dictionary())
+    assert int8_encoder_unsupported_reason(model.encoder) is None
+    model.encoder.layers[1].self_attn.add_zero_attn = True
+    reason = int8_encoder_unsupported_reason(model.encoder)
+    assert reason.startswith("encoder layer 1 (TransformerEncoderLayer") and "--add-zero-attn" in reason, reason
+    with pytest.raises(ValueError, match=r"int8 encoder: encoder layer 1 .*--add-zero-attn"):
+        int8_encoder(model.encoder)
+    lstm = LSTMEncoder(word_dictionary(), embed_dim=8, hidden_size=8)
+    assert int8_encoder_unsupported_reason(lstm) == "LSTMEncoder has no transformer encoder layers"
+
+
 # ---- the trained tiny baseline: hypotheses through fairseq's generators ---------------------------------------
 
 def load(checkpoint, batch_size):

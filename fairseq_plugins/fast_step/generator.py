@@ -29,10 +29,12 @@ from .engine import FastDecoderStep
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 
 
-def encoder_for(model, precision: str):
-    """The encoder the fast step runs: with int8, a copy whose matrices are int8 (it runs once a sentence, but
-    at batch 1 that was a third of a sentence's int8 time in float32)."""
-    return int8_encoder(model.encoder) if precision == "int8" else model.encoder
+def fast_step_parts(model, precision: str):
+    """The decoder step and the encoder the fast step runs for ``model``. With int8 the encoder is a copy whose
+    matrices are int8 (it runs once a sentence, but at batch 1 that was a third of a sentence's int8 time in
+    float32)."""
+    encoder = int8_encoder(model.encoder) if precision == "int8" else model.encoder
+    return FastDecoderStep(model.decoder, precision), encoder
 
 
 class FastStepEnsemble(EnsembleModel):
@@ -40,8 +42,7 @@ class FastStepEnsemble(EnsembleModel):
         super().__init__(models)
         if len(models) != 1:
             raise ValueError("--fast-step runs one model, not an ensemble")
-        self.engine = FastDecoderStep(models[0].decoder, precision)
-        self.encoder = encoder_for(models[0], precision)
+        self.engine, self.encoder = fast_step_parts(models[0], precision)
         self.shortlist = shortlist
         self.vocabulary = models[0].decoder.output_projection.out_features
         self.beam = 1
@@ -222,8 +223,7 @@ class FastStepStepper:
 
     def __init__(self, model, precision: str = "fp32"):
         self.model = model
-        self.engine = FastDecoderStep(model.decoder, precision)
-        self.encoder = encoder_for(model, precision)
+        self.engine, self.encoder = fast_step_parts(model, precision)
         self.rows = 1
         self.row_calls = 0
 

@@ -17,6 +17,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..candidates import PRECISIONS, TaskCandidateLists
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
+from ..int8 import int8_encoder_unsupported_reason
 from .engine import unsupported_reason
 from .generator import FastStepEarlyStoppingGenerator, FastStepSequenceGenerator
 
@@ -78,7 +79,10 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
         precision = str(self.cfg.fast_step_precision)
         device = next(models[0].parameters()).device
         if precision == "int8" and device.type != "cpu":
-            raise InputError("--fast-step-precision int8: fbgemm's int8 kernels run on the CPU only (add --cpu)")
+            raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
+        if precision == "int8" and int8_encoder_unsupported_reason(models[0].encoder) is not None:
+            raise InputError(f"--fast-step-precision int8: this model's encoder is not supported "
+                             f"({int8_encoder_unsupported_reason(models[0].encoder)}); use fp32")
         shortlist = self.shortlist()
         if self.cfg.fast_step_early_stop:
             try:

@@ -182,16 +182,31 @@ class Int8EncoderSelfAttention(nn.Module):
         return self.out(context.permute(2, 0, 1, 3).reshape(length, batch, dim)), None
 
 
+def int8_encoder_unsupported_reason(encoder: nn.Module) -> Optional[str]:
+    """Why ``int8_encoder`` cannot convert ``encoder``, or None when it can."""
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    for index, layer in enumerate(getattr(encoder, "layers", None) or ()):
+        where = f"encoder layer {index} ({type(layer).__name__})"
+        if type(layer).forward is not TransformerEncoderLayerBase.forward:
+            return f"{where} is not a plain fairseq transformer encoder layer"
+        if not isinstance(layer.fc1, nn.Linear) or not isinstance(layer.fc2, nn.Linear):
+            return f"{where}: a feed-forward block that is not two Linear layers (quantization noise?)"
+        attention = layer.self_attn
+        if not attention.self_attention or not attention.qkv_same_dim or attention.bias_k is not None \
+                or attention.add_zero_attn:
+            return f"{where}: self-attention with --add-bias-kv, --add-zero-attn or other key/value dimensions"
+    if not getattr(encoder, "layers", None):
+        return f"{type(encoder).__name__} has no transformer encoder layers"
+    return None
+
+
 def int8_encoder(encoder: nn.Module) -> nn.Module:
     """A copy of a fairseq transformer encoder with every layer's matrices int8: the self-attention
     (``Int8EncoderSelfAttention``) and the feed-forward block (``Int8Linear``)."""
-    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
-
-    for index, layer in enumerate(encoder.layers):
-        if type(layer).forward is not TransformerEncoderLayerBase.forward or not isinstance(layer.fc1, nn.Linear) \
-                or not isinstance(layer.fc2, nn.Linear):
-            raise ValueError(f"int8 encoder: encoder layer {index} ({type(layer).__name__}) is not a plain fairseq "
-                             "transformer encoder layer")
+    reason = int8_encoder_unsupported_reason(encoder)
+    if reason is not None:
+        raise ValueError(f"int8 encoder: {reason}")
     copied = copy.deepcopy(encoder)
     for layer in copied.layers:
         layer.self_attn = Int8EncoderSelfAttention(layer.self_attn)

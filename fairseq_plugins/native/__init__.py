@@ -157,6 +157,9 @@ def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, no
         setattr(layer, f"{name}_weight", norm.weight.data_ptr())
         setattr(layer, f"{name}_bias", norm.bias.data_ptr())
         setattr(layer, f"{name}_eps", norm.eps)
+    # The widest input a product of the layer quantizes (the scratch LayerStepper sizes for it), once here:
+    # a step calls the stepper once a layer.
+    layer.widest_input = max(matrices[name].width for name in LAYER_MATRICES)
     return layer
 
 
@@ -185,9 +188,8 @@ class LayerStepper:
         need = rows * (5 * d + ffn) + max(t + 1, source_length)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(2 * need)
-        width = max(getattr(layer, name).width for name in LAYER_MATRICES)
-        if self.quantized.numel() < rows * width:
-            self.quantized = torch.empty(2 * rows * width, dtype=torch.int8)
+        if self.quantized.numel() < rows * layer.widest_input:
+            self.quantized = torch.empty(2 * rows * layer.widest_input, dtype=torch.int8)
         if self.row_scales.numel() < rows:
             self.row_scales = torch.empty(2 * rows)
         _library.fp_decoder_layer_step(
