@@ -7,11 +7,13 @@ import re
 
 import pytest
 import torch
+from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
 from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq_plugins.blockwise.criterion import BlockwiseLabelSmoothedCrossEntropyCriterion
+from fairseq_plugins.blockwise.fast_step import FastProposalHeads
 from fairseq_plugins.blockwise.generator import BlockwiseGenerator
 from fairseq_plugins.blockwise.model import (
     BlockwiseTransformerModel,
@@ -158,6 +160,76 @@ def test_exact_acceptance_equals_stock_greedy_on_a_random_model(max_len_b, heads
         assert stats["sentences"] == 8 and stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
         if heads == "copying" and block_size > 1 and max_len_b > 3:
             assert stats["mean_accepted_block_size"] > block_size - 1
+
+
+@pytest.mark.parametrize("layout, learned_first_head", [("joint", False), ("separate", False), ("separate", True),
+                                                        ("joint", True)])
+def test_fast_proposal_heads_are_the_models_heads(layout, learned_first_head):
+    model, _ = random_model(layout=layout, learned_first_head=learned_first_head)
+    features = torch.randn(5, model.decoder.output_embed_dim)
+    for block_size in (1, 2, HEADS):
+        fast = FastProposalHeads(model.decoder.proposal_heads, block_size, "fp32")
+        with torch.no_grad():
+            expected = model.decoder.proposal_heads(features, range(block_size))
+        torch.testing.assert_close(fast(features), expected, rtol=1e-5, atol=1e-5)  # (values ~10: large weights)
+
+
+@pytest.mark.parametrize("heads, settings", [
+    ("random", {}), ("copying", {}), ("separate", {}), ("copying", {"proposal_vocab": 20}),
+    ("separate", {"adaptive_threshold": 0.3}), ("learned p_1", {}),
+])
+def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
+    """The fast step's blocks (one block_step a decoder call, fairseq's decoder never called) give stock
+    greedy decoding's tokens and scores, sentence by sentence through a batch."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+
+    model, dictionary = random_model(layout="joint" if heads in ("random", "learned p_1") else "separate",
+                                     learned_first_head=heads == "learned p_1")
+    if heads.startswith("copying"):
+        copying_heads(model)
+    with torch.no_grad():  # EOS only when forced at max_len: long outputs, many blocks
+        model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=6)
+    expected = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=25).generate([model], sample)
+    for block_size in (1, 3, HEADS):
+        generator = FastStepBlockwiseGenerator(model, dictionary, block_size, max_len_b=25, **settings)
+        blocks = []
+        block_step = generator.engine.block_step
+        generator.engine.block_step = lambda tokens: blocks.append(tokens.numel()) or block_step(tokens)
+        model.decoder.forward = lambda *a, **k: pytest.fail("the fast step must not call fairseq's decoder")
+        for got, want in zip(generator.generate([model], sample), expected):
+            assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+            torch.testing.assert_close(got[0]["positional_scores"], want[0]["positional_scores"], rtol=0,
+                                       atol=1e-4)
+        del model.decoder.forward
+        stats = generator.generation_stats()
+        assert stats["fast_step"] and stats["sentences"] == 6 and len(blocks) == stats["decoder_invocations"]
+        assert stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
+        if heads == "copying" and block_size > 1 and not settings:
+            assert stats["mean_accepted_block_size"] > block_size - 1 and max(blocks) == block_size
+
+
+def test_int8_blockwise_on_the_fast_step_is_the_fast_steps_int8_greedy():
+    """With exact acceptance, int8 blockwise decoding gives what int8 greedy decoding on the same fast step
+    gives: a block's positions are rows of the same int8 products, each with its own activation scale."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+    from fairseq_plugins.fast_step.generator import FastStepSequenceGenerator
+
+    model, dictionary = random_model(layout="separate")
+    copying_heads(model)
+    with torch.no_grad():
+        model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    sample = random_batch(dictionary, bsz=6)
+    # the base transformer (p_1 is the identity head): its weights without the heads
+    base = TransformerModel.build_model(model.args if hasattr(model, "args") else model.cfg, DictionaryTask(dictionary))
+    missing, unexpected = base.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(".proposal_heads." in name for name in unexpected)
+    greedy = FastStepSequenceGenerator([base.eval()], dictionary, precision="int8", beam_size=1, max_len_b=25)
+    expected = greedy.generate([base], sample)
+    generator = FastStepBlockwiseGenerator(model, dictionary, HEADS, precision="int8", max_len_b=25)
+    got = generator.generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in got] == [h[0]["tokens"].tolist() for h in expected]
+    assert generator.generation_stats()["mean_accepted_block_size"] > 1.5
 
 
 def count_output_projections(decoder):
@@ -320,6 +392,22 @@ def test_exact_blockwise_generate_is_stock_greedy_on_every_sentence(blockwise_tr
     assert float(summary.group(1)) > 1.2
 
 
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_blockwise_on_the_fast_step_through_fairseq_generate(blockwise_trained, batch_size):
+    data = blockwise_trained["data"]
+    stock = generate(data, blockwise_trained["checkpoint"], "--task", "translation", "--batch-size", batch_size)
+    fast = generate(data, blockwise_trained["blockwise"], "--task", "blockwise_translation", "--fast-step",
+                    "--batch-size", batch_size)
+    (stock_hyps, stock_scores), (fast_hyps, fast_scores) = hypotheses(stock.stdout), hypotheses(fast.stdout)
+    assert len(fast_hyps) == 40 and fast_hyps == stock_hyps
+    assert max(abs(a - b) for a, b in zip(stock_scores, fast_scores)) < 1e-3
+    int8 = generate(data, blockwise_trained["blockwise"], "--task", "blockwise_translation", "--fast-step",
+                    "--fast-step-precision", "int8", "--block-proposal-vocab", 20, "--batch-size", batch_size)
+    int8_hyps = hypotheses(int8.stdout)[0]
+    assert len(int8_hyps) == 40 and sum(a == b for a, b in zip(int8_hyps, stock_hyps)) >= 30  # int8 rounding
+    assert "mean accepted block size" in int8.stderr
+
+
 def test_blockwise_checkpoint_still_decodes_with_stock_beam_search(blockwise_trained):
     base = generate(blockwise_trained["data"], blockwise_trained["checkpoint"], "--task", "translation",
                     "--beam", 4)
@@ -378,6 +466,7 @@ def trainable_parameters(module):
     ("blockwise", ["--block-proposal-vocab", 100000],
      "--block-proposal-vocab 100000: must be 0 (the whole vocabulary) or 5.."),
     ("blockwise", ["--beam", 5], "--beam (blockwise decoding is greedy"),
+    ("blockwise", ["--fast-step-precision", "int8"], "--fast-step-precision: only used with --fast-step"),
     ("checkpoint", [], "--path: the checkpoint holds a TransformerModel, not a blockwise_transformer"),
 ])
 def test_bad_flags_and_checkpoints_are_clear_errors(blockwise_trained, which, flags, message):

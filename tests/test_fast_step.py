@@ -76,6 +76,63 @@ def test_engine_logits_are_fairseqs_for_every_supported_layout(layout, fused):
             torch.testing.assert_close(logits, expected[:, t], rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["native layer", "torch operations"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_blocks_of_positions_and_rollback_give_fairseqs_logits(layout, fused):
+    """block_step (blockwise decoding's verification: several positions of one sentence in one pass) gives at
+    every position the logits of fairseq's full forward, also after a rejected tail is taken back; the
+    capacity grows inside a block."""
+    from fairseq_plugins import native
+
+    if fused and not native.available():
+        pytest.skip("the native kernels could not be built here")
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary, **LAYOUTS[layout])
+    sample = random_batch(dictionary, 1, src_len=7, seed=1)
+    sample["net_input"]["src_tokens"][0, :2] = dictionary.pad()  # left padding: the source mask is used
+    sample["net_input"]["src_lengths"][0] = 5
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (1, 12), generator=torch.Generator().manual_seed(2))
+    prefix[:, 0] = dictionary.eos()
+    wrong = (prefix + 1) % len(dictionary)  # a tail that will be taken back
+    engine = FastDecoderStep(model.decoder, fused=fused)
+    assert (engine.native_layers is not None) == fused
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        expected = model.decoder(prefix, encoder_out=encoder_out)[0][0]
+        engine.start(encoder_out, max_steps=3)
+        position = 0
+        for size, accepted in ((1, 1), (4, 2), (5, 5), (3, 1), (2, 2)):  # 11 positions; then one step
+            block = torch.cat([prefix[0, position:position + accepted], wrong[0, position + accepted:
+                                                                               position + size]])
+            logits = engine.logits(engine.block_step(block))
+            assert engine.length == position + size
+            torch.testing.assert_close(logits[:accepted], expected[position:position + accepted], rtol=0, atol=2e-5)
+            position += accepted
+            engine.truncate(position)
+        torch.testing.assert_close(engine.logits(engine.step(prefix[:, position]))[0], expected[position],
+                                   rtol=0, atol=2e-5)
+        with pytest.raises(ValueError, match="truncate to 13: the prefix has 12 positions"):
+            engine.truncate(13)
+
+
+def test_a_block_of_the_int8_engine_is_its_steps():
+    """int8: a block's positions are the rows of one product, each with its own activation scale, so the
+    block gives what the same positions one step at a time give."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    sample = random_batch(dictionary, 1, src_len=7, seed=1)
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (1, 8), generator=torch.Generator().manual_seed(5))
+    engine = FastDecoderStep(model.decoder, "int8")
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        engine.start(encoder_out)
+        steps = torch.cat([engine.logits(engine.step(prefix[:, t])) for t in range(8)])
+        engine.start(encoder_out)
+        blocks = torch.cat([engine.logits(engine.block_step(prefix[0, :3])),
+                            engine.logits(engine.block_step(prefix[0, 3:]))])
+    torch.testing.assert_close(blocks, steps, rtol=0, atol=1e-4)
+
+
 def test_reorder_keeps_the_named_rows_and_their_sources():
     dictionary = word_dictionary()
     model = random_transformer(dictionary)

@@ -14,10 +14,12 @@
 #             to a plateau of the heads' mean validation accuracy (proposal_accuracy, patience 3)
 #   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
+#   fast    : the same on the fast decoder step (--fast-step), float32 and int8, batch 1, k in FAST_BLOCK_SIZES
+#             (2 4 6), the whole test set (FAST_LIMIT): RESULTS_fast_step.json
 #
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
-#   env: STAGES ("distill train evaluate bench"), VARIANTS ("self"), K (heads per model, 10),
+#   env: STAGES ("distill train evaluate bench fast"), VARIANTS ("self"), K (heads per model, 10),
 #        LAYOUT (separate|joint, the heads' --blockwise-head-layout: separate), FFN_DIM (hidden units per
 #        head; default the base's d_ff, the paper's size), LOSS (mean|sample, --blockwise-loss),
 #        EPOCHS (frozen variants' cap, 40), PATIENCE (3), MINUTES (wall-clock cap of every variant, none),
@@ -27,11 +29,12 @@
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
 #        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), TEACHER_WEIGHT (1.0: the KL term to the
 #        baseline when fine-tuning), PROPOSAL_VOCAB (2000) and THRESHOLDS
-#        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json)
+#        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json),
+#        FAST_BLOCK_SIZES ("2 4 6") and FAST_LIMIT (0 = the whole test set): the fast stage
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/blockwise}
-STAGES=${STAGES:-distill train evaluate bench}
+STAGES=${STAGES:-distill train evaluate bench fast}
 VARIANTS=${VARIANTS:-self}
 K=${K:-10}
 LAYOUT=${LAYOUT:-separate}
@@ -170,4 +173,20 @@ if stage bench; then
     done
   done
   python "$(dirname "$0")/plots.py" "$RESULTS"
+fi
+
+# ---- the same decoding on the fast decoder step (docs/fast-step.md): one kernel pass a layer for a block ----
+if stage fast; then
+  # Batch 1, one thread, against stock greedy on the same base in the same run: float32 (exact: greedy's
+  # outputs) and int8, proposals among the PROPOSAL_VOCAB most frequent tokens. The moonshot of the fast-step
+  # issue compares the int8 rows' speed ratio with CTranslate2's (examples/fast_step, STAGES=ctranslate2).
+  rm -f "${RESULTS}_fast_step.json"
+  for precision in fp32 int8; do
+    for block in ${FAST_BLOCK_SIZES:-2 4 6}; do
+      (( block <= K )) || continue
+      bench_cell "${RESULTS}_fast_step.json" "${BEST_VARIANT:-self} k=$block fast step $precision" \
+        "${BEST_VARIANT:-self}" "$block" 1 "${BENCH_RUNS:-3}" "${FAST_LIMIT:-0}" --fast-step \
+        --fast-step-precision "$precision" --block-proposal-vocab "${PROPOSAL_VOCAB:-2000}"
+    done
+  done
 fi

@@ -99,8 +99,8 @@ class BlockwiseGenerator(MethodGenerator):
         device = src_tokens.device
 
         self._stats["batches"] += 1
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
-        incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
+        encoder_out = self._encode(net_input)
+        incremental_state = self._begin(encoder_out, max_len)
         bos = self.eos if bos_token is None else bos_token
         start = torch.full((bsz, 1), bos, dtype=torch.long, device=device)
         rows = torch.arange(bsz, device=device)      # original sentence index of each live row
@@ -135,7 +135,7 @@ class BlockwiseGenerator(MethodGenerator):
             m = block.size(1)
             self._stats["block_tokens_fed"] += rows.numel() * m
             self._stats["blocks_fed"] += rows.numel()
-            physical = self.decoder.cached_length(incremental_state)
+            physical = self._cached_length(incremental_state)
             block_base, block_lse, block_logits = self._verify_call(block, cached, generated, encoder_out,
                                                                     incremental_state, max_len)
             # p_1 at block position i scores the proposal at i + 1.
@@ -161,7 +161,7 @@ class BlockwiseGenerator(MethodGenerator):
             base, lse = block_base[row_index, last], block_lse[row_index, last]
             proposals, lengths = self._proposals(block_logits[row_index, last])
             generated = generated + accepted
-            self.decoder.rollback_cache(incremental_state, cached, accepted, physical)
+            self._rollback(incremental_state, cached, accepted, physical)
             cached = cached + accepted
 
             if finished.any():
@@ -178,8 +178,8 @@ class BlockwiseGenerator(MethodGenerator):
     def step_cost_figures(self, samples: List[Dict], repeats: int = 20, prefix: int = 8) -> Dict:
         """Time one verify-and-propose call against one greedy step, both on the same cached prefix.
 
-        The greedy step is what fairseq's generator asks of the model per token: the decoder on one token
-        and the log-softmax of its output projection. The call is this generator's per-iteration model work:
+        The greedy step is what greedy decoding asks of the model per token (fairseq's decoder, or the fast
+        step's with --fast-step): the decoder on one token and the log-softmax of its output projection. The call is this generator's per-iteration model work:
         the decoder on a block of ``block_size`` tokens, one output projection for p_1 and the heads at every
         block position, p_1's logsumexp, argmaxes. Each sample (batch 1) is encoded and the first ``prefix``
         tokens of its reference prefix are cached; the two are then timed alternately ``repeats`` times,
@@ -191,33 +191,31 @@ class BlockwiseGenerator(MethodGenerator):
             net_input = sample["net_input"]
             device = net_input["src_tokens"].device
             sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-            encoder_out = self.model.encoder.forward_torchscript(net_input)
+            encoder_out = self._encode(net_input)
             tokens = net_input["prev_output_tokens"][:1, :prefix]
-            state: Dict[str, Dict[str, Optional[Tensor]]] = {}
-            self.decoder.block_features(tokens, torch.arange(tokens.size(1), device=device).unsqueeze(0),
-                                        encoder_out, state)
+            max_len = self.rules.max_len(net_input["src_tokens"].size(1), self.max_positions - 1)
+            state = self._begin(encoder_out, max_len)
+            self._block_features(tokens, torch.arange(tokens.size(1), device=device).unsqueeze(0), encoder_out, state)
             length = tokens.size(1)
             cached = torch.tensor([length], device=device)
             block = tokens[:, -1:].expand(1, self.block_size).contiguous()
-            max_len = self.rules.max_len(net_input["src_tokens"].size(1), self.max_positions - 1)
             step_input = torch.cat([tokens, tokens[:, -1:]], dim=1)
             times = {"call": [], "step": []}
             saved = dict(self._stats)
             for _ in range(repeats + 1):  # the first of each is a warm-up
                 sync()
                 start = time.perf_counter()
-                logits, _ = self.decoder(step_input, encoder_out=encoder_out, incremental_state=state)
-                torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
+                self._greedy_step(step_input, encoder_out, state)
                 sync()
                 times["step"].append(time.perf_counter() - start)
-                self.decoder._truncate_cache(state, length)
+                self._truncate(state, length)
                 start = time.perf_counter()
                 _base, _lse, block_logits = self._verify_call(block, cached, cached - 1, encoder_out, state, max_len)
                 _base.argmax(dim=-1)
                 self._proposals(block_logits[:, -1])
                 sync()
                 times["call"].append(time.perf_counter() - start)
-                self.decoder._truncate_cache(state, length)
+                self._truncate(state, length)
             self._stats = saved  # timing calls are not decoding
             call, step = statistics.median(times["call"][1:]), statistics.median(times["step"][1:])
             ratios.append(call / step)
@@ -243,9 +241,9 @@ class BlockwiseGenerator(MethodGenerator):
         """
         positions = (cached.unsqueeze(1) + torch.arange(block.size(1), device=block.device)).clamp(
             max=self.max_positions - 1)
-        features = self.decoder.block_features(block, positions, encoder_out, incremental_state)
+        features = self._block_features(block, positions, encoder_out, incremental_state)
         self._stats["decoder_invocations"] += 1
-        base, proposal_logits = self.decoder.block_logits(features, self.block_size, self.proposal_vocab)
+        base, proposal_logits = self._block_logits(features)
         base, proposal_logits = base.float(), proposal_logits.float()
         if self.temperature != 1.0:
             base, proposal_logits = base / self.temperature, proposal_logits / self.temperature
@@ -296,6 +294,42 @@ class BlockwiseGenerator(MethodGenerator):
         """Remove the ``done`` rows from the batch: cache, encoder output and the given per-row tensors."""
         keep = (~done).nonzero().view(-1)
         if keep.numel() > 0:  # the caller stops once the batch is empty
-            self.decoder.reorder_incremental_state_scripting(incremental_state, keep)
-            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
+            encoder_out = self._keep_rows(keep, incremental_state, encoder_out)
         return encoder_out, tuple(t.index_select(0, keep) for t in tensors)
+
+    # --- the model's side: fairseq's decoder and incremental state (FastStepBlockwiseGenerator: the fast step)
+
+    def _encode(self, net_input):
+        return self.model.encoder.forward_torchscript(net_input)
+
+    def _begin(self, encoder_out, max_len: int) -> Dict[str, Dict[str, Optional[Tensor]]]:
+        """The per-batch decoder state: fairseq's incremental state."""
+        return {}
+
+    def _block_features(self, block: Tensor, positions: Tensor, encoder_out, state) -> Tensor:
+        """Decoder features (B, m, d) of a block (B, m) fed after each row's cached inputs."""
+        return self.decoder.block_features(block, positions, encoder_out, state)
+
+    def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
+        """p_1's logits (B, m, V) and heads 2..k's (B, m, k - 1, V') in one pass over the output projection."""
+        return self.decoder.block_logits(features, self.block_size, self.proposal_vocab)
+
+    def _cached_length(self, state) -> int:
+        return self.decoder.cached_length(state)
+
+    def _rollback(self, state, cached: Tensor, accepted: Tensor, physical: int) -> None:
+        self.decoder.rollback_cache(state, cached, accepted, physical)
+
+    def _truncate(self, state, length: int) -> None:
+        """Keep the first ``length`` cached inputs of every row."""
+        self.decoder._truncate_cache(state, length)
+
+    def _greedy_step(self, tokens: Tensor, encoder_out, state) -> Tensor:
+        """A greedy decoding step on the model (timing): the next token after ``tokens`` (B, t + 1), whose
+        first t inputs are cached."""
+        logits, _ = self.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
+        return torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
+
+    def _keep_rows(self, keep: Tensor, state, encoder_out):
+        self.decoder.reorder_incremental_state_scripting(state, keep)
+        return self.model.encoder.reorder_encoder_out(encoder_out, keep)

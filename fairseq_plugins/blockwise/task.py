@@ -14,6 +14,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from ..fast_step.task import FastStepConfig, check_fast_step_model
+from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel
 
@@ -23,7 +26,7 @@ BLOCK_ACCEPTANCE_CHOICES = ChoiceEnum(["exact", "topk", "distance"])
 
 
 @dataclass
-class BlockwiseTranslationConfig(TranslationConfig):
+class BlockwiseTranslationConfig(FastStepConfig, TranslationConfig):
     block_size: int = field(
         default=0,
         metadata={"help": "tokens proposed and verified per iteration, at most the model's --blockwise-heads "
@@ -107,8 +110,17 @@ class BlockwiseTranslationTask(TranslationTask):
                 getattr(args, "beam", 1) != 1,
             "--nbest": getattr(args, "nbest", 1) != 1,
         })
-        return BlockwiseGenerator(
-            model, self.target_dictionary, block_size,
+        precision = str(self.cfg.fast_step_precision)
+        if self.cfg.fast_step:  # the blockwise model's own heads make the outputs from the decoder's features
+            check_fast_step_model(model, precision, features_only=True)
+        elif precision != "fp32":
+            raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop "
+                             "--fast-step-precision)")
+        generator_class, extra = BlockwiseGenerator, {}
+        if self.cfg.fast_step:
+            generator_class, extra = FastStepBlockwiseGenerator, {"precision": precision}
+        return generator_class(
+            model, self.target_dictionary, block_size, **extra,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,
             min_block_size=self.cfg.min_block_size, adaptive_threshold=threshold,
             proposal_vocab=vocab,

@@ -34,15 +34,17 @@ from .. import native
 from ..int8 import Int8Matrix
 
 
-def unsupported_reason(decoder: nn.Module) -> Optional[str]:
-    """Why the engine cannot run ``decoder`` exactly, or None when it can."""
+def unsupported_reason(decoder: nn.Module, features_only: bool = False) -> Optional[str]:
+    """Why the engine cannot run ``decoder`` exactly, or None when it can. ``features_only``: the caller makes
+    the outputs from the decoder features itself (a method's own heads), so the decoder may override
+    ``forward`` and ``output_layer``."""
     from fairseq.models.transformer import TransformerDecoderBase
     from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
     name = type(decoder).__name__
     if not isinstance(decoder, TransformerDecoderBase):
         return f"{name} is not a fairseq TransformerDecoder"
-    for method in ("extract_features_scriptable", "forward", "output_layer"):
+    for method in ("extract_features_scriptable",) + (() if features_only else ("forward", "output_layer")):
         if getattr(type(decoder), method) is not getattr(TransformerDecoderBase, method):
             return f"{name} overrides TransformerDecoder.{method} (a decoder layout the engine does not know)"
     if decoder.adaptive_softmax is not None:
@@ -72,7 +74,8 @@ def unsupported_reason(decoder: nn.Module) -> Optional[str]:
     return None
 
 
-def _linear(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[[Tensor], Tensor]:
+def linear_of(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[[Tensor], Tensor]:
+    """x (rows, in) -> x W^T + b at ``precision``: float32 (packed for few rows) or int8 with per-row scales."""
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if precision == "fp32":
@@ -103,19 +106,19 @@ class _Layer:
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
         self.scaling = attention.scaling
         self.normalize_before = layer.normalize_before
-        self.qkv = _linear(*_cat_linear([attention.q_proj, attention.k_proj, attention.v_proj]), precision)
-        self.self_out = _linear(attention.out_proj.weight, attention.out_proj.bias, precision)
+        self.qkv = linear_of(*_cat_linear([attention.q_proj, attention.k_proj, attention.v_proj]), precision)
+        self.self_out = linear_of(attention.out_proj.weight, attention.out_proj.bias, precision)
         self.self_norm = _layer_norm(layer.self_attn_layer_norm)
         cross = layer.encoder_attn
-        self.cross_q = _linear(cross.q_proj.weight, cross.q_proj.bias, precision)
+        self.cross_q = linear_of(cross.q_proj.weight, cross.q_proj.bias, precision)
         # Once a sentence over all source positions (at batch 1, 6 of the 18 products a sentence makes on
         # its source: int8 with int8, as the encoder's feed-forward matrices)
-        self.cross_k = _linear(cross.k_proj.weight, cross.k_proj.bias, precision)
-        self.cross_v = _linear(cross.v_proj.weight, cross.v_proj.bias, precision)
-        self.cross_out = _linear(cross.out_proj.weight, cross.out_proj.bias, precision)
+        self.cross_k = linear_of(cross.k_proj.weight, cross.k_proj.bias, precision)
+        self.cross_v = linear_of(cross.v_proj.weight, cross.v_proj.bias, precision)
+        self.cross_out = linear_of(cross.out_proj.weight, cross.out_proj.bias, precision)
         self.cross_norm = _layer_norm(layer.encoder_attn_layer_norm)
-        self.fc1 = _linear(layer.fc1.weight, layer.fc1.bias, precision)
-        self.fc2 = _linear(layer.fc2.weight, layer.fc2.bias, precision)
+        self.fc1 = linear_of(layer.fc1.weight, layer.fc1.bias, precision)
+        self.fc2 = linear_of(layer.fc2.weight, layer.fc2.bias, precision)
         self.activation = layer.activation_fn
         self.final_norm = _layer_norm(layer.final_layer_norm)
         self.native = self._native_layer(layer)
@@ -154,20 +157,23 @@ class FastDecoderStep:
 
     ``start(encoder_out)`` takes fairseq's encoder output (one row per hypothesis), ``step(tokens)`` the
     previous token of each row and returns the decoder features of the next position (rows, embed_dim),
-    ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names.
+    ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names. For one sentence,
+    ``block_step(tokens)`` feeds several positions at once and ``truncate(length)`` takes positions back.
+    ``features_only``: a decoder whose ``forward``/``output_layer`` add a method's own outputs (blockwise's
+    proposal heads) is accepted; the caller builds those outputs from ``step``'s features.
     """
 
-    def __init__(self, decoder: nn.Module, precision: str = "fp32", fused: bool = True):
+    def __init__(self, decoder: nn.Module, precision: str = "fp32", fused: bool = True, features_only: bool = False):
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
-        reason = unsupported_reason(decoder)
+        reason = unsupported_reason(decoder, features_only)
         if reason is not None:
             raise ValueError(f"the fast decoder step does not support this model: {reason}")
         self.precision = precision
         self.padding_idx = decoder.padding_idx
         self.embed_tokens = decoder.embed_tokens.weight.detach()
         self.embed_scale = decoder.embed_scale
-        self.project_in = None if decoder.project_in_dim is None else _linear(
+        self.project_in = None if decoder.project_in_dim is None else linear_of(
             decoder.project_in_dim.weight, decoder.project_in_dim.bias, precision)
         self.embed_positions = decoder.embed_positions
         self.positions = None
@@ -179,7 +185,7 @@ class FastDecoderStep:
             self.native_layers = None
         self.layer_step = native.LayerStepper() if self.native_layers is not None else None
         self.final_norm = _layer_norm(decoder.layer_norm)
-        self.project_out = None if decoder.project_out_dim is None else _linear(
+        self.project_out = None if decoder.project_out_dim is None else linear_of(
             decoder.project_out_dim.weight, decoder.project_out_dim.bias, precision)
         self.output = OutputLayer(decoder.output_projection.weight, decoder.output_projection.bias, precision)
         self.embed_dim = self.layers[0].heads * self.layers[0].head_dim
@@ -254,40 +260,84 @@ class FastDecoderStep:
                 self.source_attend = self.source_attend.index_select(0, order)
         self.rows = rows
 
-    # ---- one step --------------------------------------------------------------------------------------
+    # ---- one step ----------------------------------------------------------------------------------------
     def step(self, tokens: Tensor) -> Tensor:
         """Decoder features (rows, d) of the position after each row's prefix, whose last token is ``tokens``."""
         t = self.length
         if t >= self.capacity:
             self._grow()
-        rows = tokens.numel()
-        x = self.embed_scale * F.embedding(tokens.view(rows), self.embed_tokens)
+        x = self._run(self._embed(tokens.view(-1), t, 1), t, block=False)
+        self.length = t + 1
+        return x
+
+    def block_step(self, tokens: Tensor) -> Tensor:
+        """One sentence (one row): m new tokens at once, causal among themselves (blockwise decoding's
+        verification: every position of a block through the same weights in one pass). Returns the features
+        (m, d) of the positions after each of them; the prefix grows by m (``truncate`` takes back those not
+        accepted). The same arithmetic a row as m ``step`` calls."""
+        if self.rows != 1:
+            raise ValueError(f"block_step decodes one sentence, the engine holds {self.rows} rows")
+        t, m = self.length, tokens.numel()
+        while t + m > self.capacity:
+            self._grow()
+        x = self._run(self._embed(tokens.view(-1), t, m), t, block=True)
+        self.length = t + m
+        return x
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of the prefix (the accepted part of a block)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"truncate to {length}: the prefix has {self.length} positions")
+        self.length = length
+
+    def _embed(self, tokens: Tensor, t: int, positions: int) -> Tensor:
+        """Embeddings of ``tokens``: one a row at position t, or (``positions`` > 1) positions t, t + 1, ..."""
+        x = self.embed_scale * F.embedding(tokens, self.embed_tokens)
         if self.project_in is not None:
             x = self.project_in(x)
-        positions = self._position_table(t + 1)
-        if positions is not None:
-            x = x + positions[t]
+        table = self._position_table(t + positions)
+        if table is not None:
+            x = x + (table[t] if positions == 1 else table[t:t + positions])
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
+        return x
+
+    def _run(self, x: Tensor, t: int, block: bool) -> Tensor:
+        """The layers, the final norm and projection on x (rows, d): one position t a row, or with ``block``
+        positions t, t + 1, ... of row 0's sentence."""
+        rows = x.size(0)
         if self.native_layers is not None:
             x = x.float().contiguous().clone()  # updated in place layer by layer
-            attend = None if self.source_attend is None else self.source_attend.view(rows, -1)
+            attend = None if self.source_attend is None else self.source_attend.view(self.rows, -1)
             for index, layer in enumerate(self.native_layers):
                 self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],
-                                self.cross_values[index], attend)
+                                self.cross_values[index], attend, block=block)
+        # In a block, position t + i sees the prefix and the block up to itself
+        causal = None
+        if block and self.native_layers is None:
+            causal = (torch.arange(t + rows, device=x.device).unsqueeze(0)
+                      <= t + torch.arange(rows, device=x.device).unsqueeze(1))
         for index, layer in enumerate(self.layers if self.native_layers is None else ()):
             heads, head_dim = layer.heads, layer.head_dim
             # self-attention over the prefix
             residual = x
             if layer.normalize_before:
                 x = layer.self_norm(x)
-            q, k, v = layer.qkv(x).view(rows, 3, heads, 1, head_dim).unbind(1)
             keys, values = self.keys[index], self.values[index]
-            keys[:rows, :, t:t + 1] = k
-            values[:rows, :, t:t + 1] = v
-            # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
-            context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + 1], values[:rows, :, :t + 1],
-                                                     scale=layer.scaling)
+            if block:  # (1, heads, m, head_dim), positions t .. t + m - 1 of row 0
+                q, k, v = layer.qkv(x).view(rows, 3, heads, head_dim).permute(1, 2, 0, 3).unsqueeze(1).unbind(0)
+                keys[:1, :, t:t + rows] = k
+                values[:1, :, t:t + rows] = v
+                context = F.scaled_dot_product_attention(q, keys[:1, :, :t + rows], values[:1, :, :t + rows],
+                                                         attn_mask=causal, scale=layer.scaling)
+                context = context[0].transpose(0, 1)  # (m, heads, head_dim)
+            else:
+                q, k, v = layer.qkv(x).view(rows, 3, heads, 1, head_dim).unbind(1)
+                keys[:rows, :, t:t + 1] = k
+                values[:rows, :, t:t + 1] = v
+                # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
+                context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + 1], values[:rows, :, :t + 1],
+                                                         scale=layer.scaling)
             x = residual + layer.self_out(context.reshape(rows, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.self_norm(x)
@@ -295,9 +345,14 @@ class FastDecoderStep:
             residual = x
             if layer.normalize_before:
                 x = layer.cross_norm(x)
-            q = layer.cross_q(x).view(rows, heads, 1, head_dim)
+            if block:
+                q = layer.cross_q(x).view(rows, heads, head_dim).transpose(0, 1).unsqueeze(0)
+            else:
+                q = layer.cross_q(x).view(rows, heads, 1, head_dim)
             context = F.scaled_dot_product_attention(q, self.cross_keys[index], self.cross_values[index],
                                                      attn_mask=self.source_attend, scale=layer.scaling)
+            if block:
+                context = context[0].transpose(0, 1)
             x = residual + layer.cross_out(context.reshape(rows, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.cross_norm(x)
@@ -312,7 +367,6 @@ class FastDecoderStep:
             x = self.final_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
-        self.length = t + 1
         return x
 
     def logits(self, features: Tensor) -> Tensor:

@@ -29,12 +29,12 @@ from .engine import FastDecoderStep
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 
 
-def fast_step_parts(model, precision: str):
-    """The decoder step and the encoder the fast step runs for ``model``. With int8 the encoder is a copy whose
-    matrices are int8 (it runs once a sentence, but at batch 1 that was a third of a sentence's int8 time in
-    float32)."""
+def fast_step_parts(model, precision: str, features_only: bool = False):
+    """The decoder step and the encoder the fast step runs for ``model`` (``features_only``: see
+    ``FastDecoderStep``). With int8 the encoder is a copy whose matrices are int8 (it runs once a sentence,
+    but at batch 1 that was a third of a sentence's int8 time in float32)."""
     encoder = int8_encoder(model.encoder) if precision == "int8" else model.encoder
-    return FastDecoderStep(model.decoder, precision), encoder
+    return FastDecoderStep(model.decoder, precision, features_only=features_only), encoder
 
 
 class FastStepEnsemble(EnsembleModel):

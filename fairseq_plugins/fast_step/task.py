@@ -10,7 +10,7 @@ translation. Any model trained with ``--task translation`` (the baseline) decode
 
 from dataclasses import dataclass, field
 
-from fairseq.dataclass import ChoiceEnum
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -23,15 +23,34 @@ from .generator import FastStepEarlyStoppingGenerator, FastStepSequenceGenerator
 
 
 @dataclass
-class FastStepTranslationConfig(TranslationConfig):
+class FastStepConfig(FairseqDataclass):
+    """The fast step's flags, for any task whose generator can run on it (this one, blockwise_translation)."""
+
     fast_step: bool = field(
-        default=False, metadata={"help": "decode with the fast decoder step (static caches, fused projections; "
-                                         "fairseq's beam search and greedy decoding around it)"},
+        default=False, metadata={"help": "decode with the fast decoder step (static caches, fused projections, "
+                                         "a decoder layer a kernel call; the task's search around it)"},
     )
     fast_step_precision: ChoiceEnum(list(PRECISIONS)) = field(
         default="fp32", metadata={"help": "with --fast-step: fp32 (fairseq's outputs), or int8 weights with "
                                           "per-row activation scales (CPU)"},
     )
+
+
+def check_fast_step_model(model, precision: str, features_only: bool = False) -> None:
+    """InputError naming the flag where --fast-step (at ``precision``) cannot run ``model``."""
+    reason = unsupported_reason(model.decoder, features_only)
+    if reason is not None:
+        raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
+    device = next(model.parameters()).device
+    if precision == "int8" and device.type != "cpu":
+        raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
+    if precision == "int8" and int8_encoder_unsupported_reason(model.encoder) is not None:
+        raise InputError(f"--fast-step-precision int8: this model's encoder is not supported "
+                         f"({int8_encoder_unsupported_reason(model.encoder)}); use fp32")
+
+
+@dataclass
+class FastStepTranslationConfig(FastStepConfig, TranslationConfig):
     fast_step_shortlist: str = field(
         default="", metadata={"help": "with --fast-step: candidate lists from `fairseq-plugins shortlist`; each "
                                       "sentence's softmax runs over its list only (empty: the whole vocabulary)"},
@@ -70,19 +89,12 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if len(models) != 1:
             raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
-        reason = unsupported_reason(models[0].decoder)
-        if reason is not None:
-            raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
+        precision = str(self.cfg.fast_step_precision)
+        check_fast_step_model(models[0], precision)
         if getattr(args, "print_alignment", None):
             raise InputError("--print-alignment: not supported with --fast-step (it computes no attention "
                              "weights for the output)")
-        precision = str(self.cfg.fast_step_precision)
         device = next(models[0].parameters()).device
-        if precision == "int8" and device.type != "cpu":
-            raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
-        if precision == "int8" and int8_encoder_unsupported_reason(models[0].encoder) is not None:
-            raise InputError(f"--fast-step-precision int8: this model's encoder is not supported "
-                             f"({int8_encoder_unsupported_reason(models[0].encoder)}); use fp32")
         shortlist = self.shortlist()
         if self.cfg.fast_step_early_stop:
             try:

@@ -223,25 +223,34 @@ static void attend(const float *q, const float *keys, const float *values, int64
 }
 
 /* Arithmetic as fairseq's TransformerDecoderLayer in eval mode; the matrices int8 or float32 (each its own).
- * x (M, D) in place. keys/values: (rows >= M, heads, capacity, head_dim), position t written here;
- * cross_keys/values (M, heads, S, head_dim); source_attend (M, S): 1 where a source token is, or NULL.
- * scratch: room for M * (5 D + ffn) + max(t + 1, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
+ * x (M, D) in place. Rows are hypotheses (block 0) or, with block 1, M consecutive positions of one sentence
+ * (a block of new tokens, causal among themselves: blockwise decoding's verification).
+ * block 0: keys/values (rows >= M, heads, capacity, head_dim), row m's position t written here;
+ *          cross_keys/values (M, heads, S, head_dim); source_attend (M, S): 1 where a source token is, or NULL.
+ * block 1: keys/values (>= 1, heads, capacity, head_dim), positions t .. t + M - 1 of row 0 written here;
+ *          cross_keys/values (1, heads, S, head_dim); source_attend (1, S) or NULL.
+ * scratch: room for M * (5 D + ffn) + max(t + M, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
-                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf) {
+                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf, int64_t block) {
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
     float *residual = scratch, *qkv = residual + M * D, *context = qkv + 3 * M * D, *hidden = context + M * D;
     float *scores = hidden + M * F;
-    /* self-attention over the prefix */
+    /* self-attention over the prefix (new keys first: in a block, position t + m attends to t .. t + m) */
     for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
     if (L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     matrix_product(&L->qkv, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
             const float *row = qkv + m * 3 * D;
-            float *k = keys + ((m * H + h) * capacity + t) * hd, *v = values + ((m * H + h) * capacity + t) * hd;
+            const int64_t cache = block ? h : m * H + h, position = block ? t + m : t;
+            float *k = keys + (cache * capacity + position) * hd, *v = values + (cache * capacity + position) * hd;
             for (int64_t d = 0; d < hd; ++d) { k[d] = row[D + h * hd + d]; v[d] = row[2 * D + h * hd + d]; }
-            attend(row + h * hd, keys + (m * H + h) * capacity * hd, values + (m * H + h) * capacity * hd, t + 1,
+        }
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t cache = block ? h : m * H + h, length = block ? t + m + 1 : t + 1;
+            attend(qkv + m * 3 * D + h * hd, keys + cache * capacity * hd, values + cache * capacity * hd, length,
                    hd, hd, L->scaling, NULL, scores, context + m * D + h * hd);
         }
     matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
@@ -252,10 +261,12 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     if (L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
     matrix_product(&L->cross_q, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
-        for (int64_t h = 0; h < H; ++h)
-            attend(qkv + m * D + h * hd, cross_keys + (m * H + h) * S * hd, cross_values + (m * H + h) * S * hd, S,
-                   hd, hd, L->scaling, source_attend ? source_attend + m * S : NULL, scores,
-                   context + m * D + h * hd);
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t source = block ? 0 : m;
+            attend(qkv + m * D + h * hd, cross_keys + (source * H + h) * S * hd,
+                   cross_values + (source * H + h) * S * hd, S, hd, hd, L->scaling,
+                   source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd);
+        }
     matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
     for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
     if (!L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);

@@ -1,0 +1,135 @@
+"""Blockwise parallel decoding on the fast decoder step (``--task blockwise_translation --fast-step``).
+
+The same predict-verify-accept loop as ``BlockwiseGenerator``; its model calls run on ``FastDecoderStep``:
+a block of proposals goes through each decoder layer as the rows of one product (``block_step``: k positions
+for about the weight reading of one), the rejected tail is dropped by moving the cache's end back
+(``truncate``), and the proposal heads and both output products use the step's precision (float32 or int8
+with per-row activation scales). One sentence at a time: the target is batch 1 on CPU, where a call is bound
+by reading weights; a batch is decoded sentence by sentence.
+
+With exact acceptance and float32 the output is greedy decoding's (that of the blockwise model's base),
+as on fairseq's decoder.
+"""
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..fast_step.engine import linear_of
+from ..fast_step.generator import fast_step_parts
+from .generator import BlockwiseGenerator
+from .model import ProposalHeads
+
+
+class FastProposalHeads:
+    """The first ``block_size`` proposal heads of a ``ProposalHeads`` (p_1 included) as fast-step matrices:
+    features (m, d) -> head states (m, block_size, d), as ``ProposalHeads.forward(x, range(block_size))``
+    in evaluation mode. Only the weights of those heads are read (the joint layout's shared hidden layer
+    excepted)."""
+
+    def __init__(self, heads: ProposalHeads, block_size: int, precision: str):
+        self.block_size = block_size
+        self.learned_first_head = heads.learned_first_head
+        self.layout = heads.layout
+        learned = [h if heads.learned_first_head else h - 1 for h in range(block_size)]
+        self.learned = [j for j in learned if j >= 0]
+        d, h = heads.embed_dim, heads.ffn_dim
+        self.hidden_size = h
+        self.fc1, self.fc2 = None, []
+        if not self.learned:
+            return
+        if heads.layout == "joint":  # one hidden layer for all heads; the needed heads' output rows
+            self.fc1 = linear_of(heads.fc1.weight, heads.fc1.bias, precision)
+            rows = torch.cat([torch.arange(j * d, (j + 1) * d) for j in self.learned])
+            self.fc2 = [linear_of(heads.fc2.weight[rows], heads.fc2.bias[rows], precision)]
+        else:  # the needed heads' hidden layers in one product, their output layers one each
+            rows = torch.cat([torch.arange(j * h, (j + 1) * h) for j in self.learned])
+            self.fc1 = linear_of(heads.fc1.weight[rows], heads.fc1.bias[rows], precision)
+            self.fc2 = [linear_of(heads.fc2_weight[j], heads.fc2_bias[j], precision) for j in self.learned]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        states = [x] * self.block_size
+        if self.learned:
+            hidden = F.relu(self.fc1(x))
+            if self.layout == "joint":
+                deltas = self.fc2[0](hidden).view(x.size(0), len(self.learned), -1).unbind(1)
+            else:
+                parts = hidden.view(x.size(0), len(self.learned), self.hidden_size).unbind(1)
+                deltas = [fc2(part.contiguous()) for fc2, part in zip(self.fc2, parts)]
+            first = 0 if self.learned_first_head else 1
+            for index, delta in enumerate(deltas):
+                states[first + index] = x + delta
+        return torch.stack(states, dim=1)
+
+
+class FastStepBlockwiseGenerator(BlockwiseGenerator):
+    """``BlockwiseGenerator`` whose model calls run on the fast decoder step, one sentence at a time."""
+
+    def __init__(self, model, tgt_dict, block_size: int, precision: str = "fp32", **kwargs):
+        super().__init__(model, tgt_dict, block_size, **kwargs)
+        self.precision = precision
+        self.engine, self.encoder = fast_step_parts(model, precision, features_only=True)
+        self.heads = FastProposalHeads(model.decoder.proposal_heads, block_size, precision)
+        # Heads 2..k propose over the first ``proposal_vocab`` entries (a product of its own, once a call); p_1
+        # verifies over all of them
+        projection, vocab = model.decoder.output_projection, self.proposal_vocab
+        self.proposal_projection = None
+        if vocab and block_size > 1:
+            self.proposal_projection = linear_of(projection.weight[:vocab], None if projection.bias is None
+                                                 else projection.bias[:vocab], precision)
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+        hypotheses: List[List[Dict]] = []
+        for row in range(src_tokens.size(0)):
+            # (padding kept: the length limit is the batch's, as in the batched generator; the source mask
+            # hides it)
+            single = {"net_input": {"src_tokens": src_tokens[row:row + 1], "src_lengths": src_lengths[row:row + 1]}}
+            hypotheses += super().generate(models, single, prefix_tokens, constraints, bos_token, **kwargs)
+        return hypotheses
+
+    def generation_stats(self) -> Dict:
+        return {**super().generation_stats(), "fast_step": True, "precision": self.precision}
+
+    # --- the model's side on the fast step ---------------------------------------------------------------
+
+    def _encode(self, net_input):
+        return self.encoder.forward_torchscript(net_input)
+
+    def _begin(self, encoder_out, max_len: int) -> None:
+        # (a block may run block_size - 1 positions past the last accepted token)
+        self.engine.start(encoder_out, max_steps=max_len + self.block_size + 2)
+
+    def _block_features(self, block: Tensor, positions: Tensor, encoder_out, state) -> Tensor:
+        if block.size(0) != 1:
+            raise ValueError("the fast step runs blockwise decoding one sentence at a time")
+        return self.engine.block_step(block[0]).unsqueeze(0)
+
+    def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
+        m, k = features.size(1), self.block_size
+        states = self.heads(features[0])  # (m, k, d)
+        if self.proposal_projection is None:  # p_1 and the heads over the whole vocabulary: one product
+            logits = self.engine.logits(states.reshape(m * k, -1)).view(1, m, k, -1)
+            return logits[:, :, 0], logits[:, :, 1:]
+        base = self.engine.logits(states[:, 0].contiguous())
+        proposals = self.proposal_projection(states[:, 1:].reshape(m * (k - 1), -1))
+        return base.unsqueeze(0), proposals.view(1, m, k - 1, -1)
+
+    def _cached_length(self, state) -> int:
+        return self.engine.length
+
+    def _rollback(self, state, cached: Tensor, accepted: Tensor, physical: int) -> None:
+        self.engine.truncate(physical + int(accepted[0]))
+
+    def _truncate(self, state, length: int) -> None:
+        self.engine.truncate(length)
+
+    def _greedy_step(self, tokens: Tensor, encoder_out, state) -> Tensor:
+        logits = self.engine.logits(self.engine.step(tokens[:, -1]))
+        return torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
+
+    def _keep_rows(self, keep: Tensor, state, encoder_out):
+        raise AssertionError("one sentence at a time: a finished sentence ends the batch")
