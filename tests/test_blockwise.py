@@ -347,6 +347,47 @@ def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset():
     assert torch.allclose(loss, expected / HEADS, atol=1e-4)
 
 
+def test_a_proposal_vocabulary_trains_heads_over_the_most_frequent_tokens_only():
+    """--blockwise-proposal-vocab N: heads 2..k's softmax runs over the first N tokens; a target outside them
+    has no loss and counts as a miss; p_1 keeps the whole vocabulary. Training a frozen base with p_1 the
+    identity skips p_1 (nothing to train)."""
+    model, dictionary = random_model(std=0.05)
+    vocab = 8
+    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(DictionaryTask(dictionary), False, 0.0,
+                                                            blockwise_proposal_vocab=vocab)
+    target = torch.tensor([[5, 6, 9, 8, 2], [9, 10, 2, 1, 1]])
+    prev = torch.tensor([[2, 5, 6, 9, 8], [2, 9, 10, 2, 1]])
+    sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},
+              "target": target, "ntokens": 8}
+    loss, _, logs = criterion(model, sample)
+    features, _ = model(**sample["net_input"], features_only=True)
+    expected = 0.0
+    for head in range(HEADS):
+        logits = model.decoder.head_logits(features, [head]).squeeze(-2)
+        lprobs = torch.log_softmax(logits if head == 0 else logits[..., :vocab], -1)
+        nll, count, correct = 0.0, 0, 0
+        for b in range(2):
+            for j in range(5):
+                if j + head < 5 and target[b, j + head] != dictionary.pad():
+                    wanted = int(target[b, j + head])
+                    count += 1
+                    correct += int(lprobs[b, j].argmax()) == wanted
+                    if head == 0 or wanted < vocab:
+                        nll -= lprobs[b, j, wanted]
+        assert logs[f"head{head + 1}_total"] == count and logs[f"head{head + 1}_n_correct"] == correct
+        assert torch.allclose(logs[f"head{head + 1}_nll_loss"], torch.as_tensor(nll), atol=1e-4), head
+        expected = expected + nll
+    assert torch.allclose(loss, expected / HEADS, atol=1e-4)
+    model.train()
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = ".proposal_heads." in name
+    _, _, logs = criterion(model, sample)
+    assert "head1_total" not in logs and logs["all_proposal_heads"] == 1 and f"head{HEADS}_total" in logs
+    with pytest.raises(ValueError, match="--blockwise-proposal-vocab 100000: must be 0"):
+        BlockwiseLabelSmoothedCrossEntropyCriterion(DictionaryTask(dictionary), False, 0.0,
+                                                    blockwise_proposal_vocab=100000)
+
+
 # --- through fairseq-train and fairseq-generate -------------------------------------------------------------
 
 @pytest.fixture(scope="module")

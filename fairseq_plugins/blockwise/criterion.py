@@ -49,19 +49,32 @@ class BlockwiseLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterio
     blockwise_teacher_weight: float = field(
         default=1.0, metadata={"help": "weight of the KL(teacher || p_1) term per target token"},
     )
+    blockwise_proposal_vocab: int = field(
+        default=0,
+        metadata={"help": "heads 2..k are trained over the first N target tokens only (the most frequent: fairseq "
+                          "dictionaries list them first), as they propose with --block-proposal-vocab N when "
+                          "decoding; a target outside them is left out of the loss and counts as a miss in the "
+                          "accuracies. The heads' output products cost N/V of the full ones (0: all)"},
+    )
 
 
 @register_criterion("blockwise_label_smoothed_cross_entropy", dataclass=BlockwiseLabelSmoothedCrossEntropyConfig)
 class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 blockwise_loss="mean", blockwise_teacher_checkpoint=None, blockwise_teacher_weight=1.0):
+                 blockwise_loss="mean", blockwise_teacher_checkpoint=None, blockwise_teacher_weight=1.0,
+                 blockwise_proposal_vocab=0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if ignore_prefix_size > 0:
             raise ValueError("--ignore-prefix-size is not supported by blockwise_label_smoothed_cross_entropy")
         if blockwise_teacher_weight < 0:
             raise ValueError(f"--blockwise-teacher-weight {blockwise_teacher_weight}: must be >= 0")
+        special = task.target_dictionary.nspecial
+        if blockwise_proposal_vocab and not special < blockwise_proposal_vocab <= len(task.target_dictionary):
+            raise InputError(f"--blockwise-proposal-vocab {blockwise_proposal_vocab}: must be 0 (the whole "
+                             f"vocabulary) or {special + 1}..{len(task.target_dictionary)}")
         self.blockwise_loss = blockwise_loss
         self.teacher_weight = blockwise_teacher_weight
+        self.proposal_vocab = blockwise_proposal_vocab
         # A plain attribute holder, not a submodule: the teacher is neither trained nor saved with the model.
         self._teacher = [self._load_teacher(task, blockwise_teacher_checkpoint)] if blockwise_teacher_checkpoint else []
 
@@ -102,11 +115,15 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         if not hasattr(decoder, "proposal_heads"):
             raise ValueError("--criterion blockwise_label_smoothed_cross_entropy needs --arch blockwise_transformer*")
         heads = list(range(decoder.num_proposal_heads))
-        if not (model.training and self.blockwise_loss == "sample"):
+        if not model.training:
             return heads
         base_trainable = any(p.requires_grad for name, p in model.named_parameters()
                              if not name.startswith("decoder.proposal_heads."))
         p1_trainable = decoder.proposal_heads.learned_first_head or base_trainable
+        if self.blockwise_loss != "sample":
+            # Head 1 of a frozen base with p_1 = identity has nothing to train: its full-vocabulary product
+            # would cost as much as a head's (validation scores it)
+            return heads if p1_trainable or len(heads) == 1 else heads[1:]
         if p1_trainable and len(heads) > 1:  # p_1 in every batch, plus one of the proposal heads
             return [0, 1 + torch.randint(len(heads) - 1, (1,)).item()]
         # Head 1 of a frozen base with p_1 = identity has nothing to train.
@@ -120,17 +137,20 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         logging_output = {"ntokens": sample["ntokens"], "nsentences": target.size(0)}
         heads = self.heads_to_train(model)
         for head in heads:
-            logits = model.decoder.head_logits(features, [head]).squeeze(-2)
+            vocab = self.proposal_vocab if head > 0 else 0
+            logits = model.decoder.project(model.decoder.proposal_heads(features, [head]).squeeze(-2), vocab)
             lprobs = utils.log_softmax(logits, dim=-1)
             # Head `head` (0-based) at position j predicts target[j + head].
             head_target = F.pad(target[:, head:], (0, head), value=self.padding_idx)
+            mask = head_target.ne(self.padding_idx)
+            # (outside a proposal vocabulary: no loss, and a miss below)
+            trained = head_target.masked_fill(head_target >= vocab, self.padding_idx) if vocab else head_target
             loss, nll_loss = label_smoothed_nll_loss(
-                lprobs.view(-1, lprobs.size(-1)), head_target.reshape(-1), self.eps,
+                lprobs.view(-1, lprobs.size(-1)), trained.reshape(-1), self.eps,
                 ignore_index=self.padding_idx, reduce=reduce,
             )
             total_loss = total_loss + loss
             total_nll = total_nll + nll_loss
-            mask = head_target.ne(self.padding_idx)
             n_correct = lprobs.argmax(-1).eq(head_target).masked_select(mask).sum()
             logging_output[f"head{head + 1}_nll_loss"] = nll_loss.data
             logging_output[f"head{head + 1}_n_correct"] = utils.item(n_correct.data)
@@ -142,7 +162,8 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         loss = total_loss / len(heads)
         nll_loss = total_nll / len(heads)
         sample_size = target.size(0) if self.sentence_avg else sample["ntokens"]
-        logging_output.update({"loss": loss.data, "nll_loss": nll_loss.data, "sample_size": sample_size})
+        logging_output.update({"loss": loss.data, "nll_loss": nll_loss.data, "sample_size": sample_size,
+                               "all_proposal_heads": int(set(range(1, model.decoder.num_proposal_heads)) <= set(heads))})
         return loss, sample_size, logging_output
 
     @classmethod
@@ -165,7 +186,7 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
             metrics.log_scalar(f"{head}_accuracy", 100.0 * correct / total, total, round=2)
             if head != "head1":
                 proposal_accuracies.append(100.0 * correct / total)
-        if len(proposal_accuracies) == len(keys) - 1 and proposal_accuracies:
+        if proposal_accuracies and all(log.get("all_proposal_heads", 0) for log in logging_outputs):
             # Mean accuracy of heads 2..k (all scored: validation, or --blockwise-loss mean): what decides the
             # accepted block; a checkpoint metric (--best-checkpoint-metric proposal_accuracy
             # --maximize-best-checkpoint-metric).
