@@ -522,10 +522,39 @@ def test_eval_bleu_during_training_equals_fairseq_generate_on_the_same_checkpoin
     ("bidir", ["--tokens-per-step", 3], "--tokens-per-step 3: must be 1 or 2"),
     ("bidir", ["--beam", 4, "--pair-candidates", 3], "--pair-candidates 3: must be at least --beam 4"),
     ("bidir", ["--sampling", "--beam", 2, "--nbest", 2], "--sampling: not supported with --tokens-per-step 2"),
+    ("bidir", ["--left-candidates", -1], "--left-candidates -1: must be at least 1 (0: 2 x --beam)"),
+    ("bidir:bidir", [], "--path: double-token decoding runs one model, not an ensemble"),
+    *[("r2l", ["--token-order", "r2l", "--tokens-per-step", 1, *flag],
+       "--prefix-size/--constraints/--print-alignment: not supported with --token-order r2l --tokens-per-step 1")
+      for flag in (["--prefix-size", 1], ["--constraints"], ["--print-alignment"])],
 ])
 def test_mismatched_order_and_bad_flags_are_clear_errors(double_token_trained, system, flags, message):
-    proc = generate(double_token_trained["data"], double_token_trained[system], *flags, check=False)
+    path = ":".join(double_token_trained[name] for name in system.split(":"))  # a:b is an ensemble
+    proc = generate(double_token_trained["data"], path, *flags, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-1500:]
+
+
+def test_a_model_that_is_not_a_double_token_transformer_is_refused(double_token_trained, trained):
+    message = ("--path: the checkpoint holds a TransformerModel, not a double_token_transformer "
+               "(train with --task double_token_translation --arch double_token_transformer*)")
+    # Through fairseq-generate: refused when the task builds the model, before fairseq loads its weights (a
+    # plain model's embeddings lack EOD's row: fairseq's own size-mismatch error otherwise)
+    proc = generate(double_token_trained["data"], trained["checkpoint"], check=False)
+    assert proc.returncode != 0 and message in proc.stderr and "size mismatch" not in proc.stderr, proc.stderr[-1500:]
+    # The generator's own check, for a model built in Python
+    from fairseq.models.transformer import TransformerModel
+    from fairseq_plugins.baseline.model import baseline_transformer_tiny
+    from fairseq_plugins.double_token.task import DoubleTokenTranslationConfig, DoubleTokenTranslationTask
+
+    dictionary = word_dictionary()
+    args = argparse.Namespace()
+    baseline_transformer_tiny(args)
+    plain = TransformerModel.build_model(args, DictionaryTask(dictionary)).eval()
+    task = DoubleTokenTranslationTask(DoubleTokenTranslationConfig(), dictionary, dictionary)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        task.build_generator([plain], argparse.Namespace(beam=5))
+    double, _, _ = random_model()  # the same call with a double-token model builds its generator
+    assert isinstance(task.build_generator([double], argparse.Namespace(beam=5)), DoubleTokenGenerator)
 
 
 def bench_bidir_against(double_token_trained, baseline_path, result_path):

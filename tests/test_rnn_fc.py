@@ -542,6 +542,39 @@ def test_fairseq_generate_with_every_switch(rnn_fc_trained):
     assert sum(line.startswith("H-") for line in interactive.stdout.splitlines()) == 1
 
 
+def n_best_by_id(stdout):
+    """fairseq-generate's H- lines: {sentence id: [(score, text), ...] in the order printed (best first)}."""
+    by_id = {}
+    for line in stdout.splitlines():
+        if line.startswith("H-"):
+            sentence, score, text = line.split("\t")
+            by_id.setdefault(int(sentence[2:]), []).append((float(score), text))
+    return by_id
+
+
+@pytest.fixture(scope="module")
+def plain_n_best(rnn_fc_trained):
+    """The plain decoder's (--rnn-fc-speedups none) 6-best lists of the test set through fairseq-generate."""
+    proc = generate(rnn_fc_trained, "--nbest", 6, "--rnn-fc-speedups", "none")
+    assert "speedups=[]" in proc.stderr, proc.stderr[-1500:]
+    return n_best_by_id(proc.stdout)
+
+
+@pytest.mark.parametrize("speedup", SPEEDUPS)
+def test_each_exact_speedup_alone_through_fairseq_generate_gives_the_plain_n_best(rnn_fc_trained, plain_n_best,
+                                                                                  speedup):
+    proc = generate(rnn_fc_trained, "--nbest", 6, "--rnn-fc-speedups", speedup)
+    assert f"speedups=['{speedup}']" in proc.stderr, proc.stderr[-1500:]  # this switch ran, and only it
+    fast = n_best_by_id(proc.stdout)
+    assert sorted(fast) == sorted(plain_n_best) == list(range(40))
+    for sentence, plain in plain_n_best.items():
+        assert len(fast[sentence]) == len(plain) == 6, sentence
+        # Every H- line: the same text at every rank, the same score up to float rounding.
+        assert [text for _, text in fast[sentence]] == [text for _, text in plain], sentence
+        for rank, ((score, _), (plain_score, _)) in enumerate(zip(fast[sentence], plain)):
+            assert abs(score - plain_score) < 1e-3, (sentence, rank, score, plain_score)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--rnn-fc-speedups", "batched,fast"], "--rnn-fc-speedups batched,fast: give all, none, or a comma-separated"),
     (["--rnn-fc-shortlist", "/nonexistent/list.pt"], "/nonexistent/list.pt: no such candidate list"),

@@ -1,13 +1,16 @@
 """Bad input to the lattice's IBM-2 tables and rnn_fc's candidate lists: a clear error naming the file, line or
 flag, before any work (the checks in lattice/ibm2.py and candidates/shortlist.py that no other test runs)."""
 
+import os
+import re
+
 import pytest
 import torch
 
 from conftest import word_dictionary
 
 from fairseq_plugins.common.textio import InputError
-from fairseq_plugins.lattice.ibm2 import TABLE_FORMAT, CandidateTable
+from fairseq_plugins.lattice.ibm2 import TABLE_FORMAT, CandidateTable, read_binarized_pairs
 from fairseq_plugins.candidates import Shortlist, read_lexical_table
 
 
@@ -63,3 +66,35 @@ def test_candidate_list_flags_and_files_are_checked(tmp_path):
     garbage = write(tmp_path / "garbage.pt", "not a torch file")
     with pytest.raises(InputError, match=r"garbage.pt: not a candidate list file \("):
         Shortlist.load(garbage)
+
+
+def test_a_negative_frequent_count_is_refused():
+    dictionary = word_dictionary()
+    table = {"w1": [(-0.1, "w2")]}
+    with pytest.raises(InputError, match=r"^--frequent -1: must not be negative$"):
+        Shortlist.build(table, dictionary, dictionary, frequent=-1)
+    assert Shortlist.build(table, dictionary, dictionary, frequent=0).frequent.numel() == 0  # zero is allowed
+
+
+def exactly(message):
+    return "^" + re.escape(message) + "$"
+
+
+def test_binarised_pairs_need_both_dictionaries_and_the_split(tmp_path):
+    data_bin = str(tmp_path)
+    # An empty directory: the source dictionary is the first thing missing.
+    source_dict = os.path.join(data_bin, "dict.src.txt")
+    with pytest.raises(InputError, match=exactly(f"{source_dict}: no such dictionary "
+                                                 f"(is {data_bin} fairseq-preprocess output?)")):
+        read_binarized_pairs(data_bin, "train", "src", "tgt")
+    # The source dictionary alone: the target one is named.
+    word_dictionary().save(source_dict)
+    target_dict = os.path.join(data_bin, "dict.tgt.txt")
+    with pytest.raises(InputError, match=exactly(f"{target_dict}: no such dictionary "
+                                                 f"(is {data_bin} fairseq-preprocess output?)")):
+        read_binarized_pairs(data_bin, "train", "src", "tgt")
+    # Both dictionaries but no binarised data: the split's source .bin is named.
+    word_dictionary().save(target_dict)
+    split = os.path.join(data_bin, "train.src-tgt.src.bin")
+    with pytest.raises(InputError, match=exactly(f"{split}: no such binarised split")):
+        read_binarized_pairs(data_bin, "train", "src", "tgt")

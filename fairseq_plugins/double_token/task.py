@@ -88,6 +88,8 @@ class DoubleTokenTranslationTask(TranslationTask):
         if not from_checkpoint:  # a checkpoint keeps the order it was trained in (checked by build_generator)
             cfg.token_order, cfg.tokens_per_step = self.token_order, self.cfg.tokens_per_step
         model = super().build_model(cfg, from_checkpoint)
+        if from_checkpoint:  # before fairseq loads its weights: a plain model's embeddings lack EOD's row
+            self._refuse_other_models(model)
         if self.cfg.double_token_base_checkpoint and not from_checkpoint:
             if not isinstance(model, DoubleTokenTransformerModel):
                 raise ValueError("--double-token-base-checkpoint needs --arch double_token_transformer*")
@@ -150,10 +152,14 @@ class DoubleTokenTranslationTask(TranslationTask):
             temperature=getattr(args, "temperature", 1.0), forced_eod_score=self.cfg.forced_eod_score,
         )
 
-    def _check_trained_order(self, model) -> None:
+    @staticmethod
+    def _refuse_other_models(model) -> None:
         if not isinstance(model, DoubleTokenTransformerModel):
             raise ValueError(f"--path: the checkpoint holds a {type(model).__name__}, not a double_token_transformer "
                              "(train with --task double_token_translation --arch double_token_transformer*)")
+
+    def _check_trained_order(self, model) -> None:
+        self._refuse_other_models(model)
         trained = (model.args.token_order, model.args.tokens_per_step)
         asked = (self.token_order, self.cfg.tokens_per_step)
         if trained != asked:
