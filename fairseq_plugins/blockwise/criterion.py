@@ -162,8 +162,9 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         loss = total_loss / len(heads)
         nll_loss = total_nll / len(heads)
         sample_size = target.size(0) if self.sentence_avg else sample["ntokens"]
+        every_proposal_head = set(range(1, model.decoder.num_proposal_heads)) <= set(heads)
         logging_output.update({"loss": loss.data, "nll_loss": nll_loss.data, "sample_size": sample_size,
-                               "all_proposal_heads": int(set(range(1, model.decoder.num_proposal_heads)) <= set(heads))})
+                               "all_proposal_heads": int(every_proposal_head)})
         return loss, sample_size, logging_output
 
     @classmethod

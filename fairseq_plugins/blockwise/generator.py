@@ -179,12 +179,13 @@ class BlockwiseGenerator(MethodGenerator):
         """Time one verify-and-propose call against one greedy step, both on the same cached prefix.
 
         The greedy step is what greedy decoding asks of the model per token (fairseq's decoder, or the fast
-        step's with --fast-step): the decoder on one token and the log-softmax of its output projection. The call is this generator's per-iteration model work:
-        the decoder on a block of ``block_size`` tokens, one output projection for p_1 and the heads at every
-        block position, p_1's logsumexp, argmaxes. Each sample (batch 1) is encoded and the first ``prefix``
-        tokens of its reference prefix are cached; the two are then timed alternately ``repeats`` times,
-        the cache cut back after each. Returns the median of the per-sample ratios of median times (the
-        paper's speed arithmetic: speed ~ mean accepted block / this ratio) and the medians in milliseconds.
+        step's with --fast-step): the decoder on one token and the log-softmax of its output projection. The
+        call is this generator's per-iteration model work: the decoder on a block of ``block_size`` tokens,
+        one output projection for p_1 and the heads at every block position, p_1's logsumexp, argmaxes. Each
+        sample (batch 1) is encoded and the first ``prefix`` tokens of its reference prefix are cached; the two
+        are then timed alternately ``repeats`` times, the cache cut back after each. Returns the median of the
+        per-sample ratios of median times (the paper's speed arithmetic: speed ~ mean accepted block / this
+        ratio) and the medians in milliseconds.
         """
         ratios, call_ms, step_ms = [], [], []
         for sample in samples:
