@@ -16,10 +16,11 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test demo baseline clean help
+.PHONY: install test test-fast demo baseline clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite"
+	@echo "make test-fast  the tests that train no model (pytest -m 'not slow'; minutes)"
 	@echo "make install create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and this package"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 
@@ -37,6 +38,9 @@ $(STAMP): setup.py Makefile
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: install
 	DATA="$(DATA)" examples/demo/run.sh

@@ -26,6 +26,17 @@ TRAIN_EPOCHS = 12
 # Threads of the tiny trainings: both cores on a free machine (CI); OMP_NUM_THREADS=1 where another job holds one.
 TRAIN_THREADS = os.environ.get("OMP_NUM_THREADS", "2")
 
+# Fixtures that prepare data or train a model (a minute or more each on 2 cores). A test that needs one,
+# directly or through another fixture, is marked ``slow``: `make test-fast` (pytest -m "not slow") runs the others.
+TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & TRAINING_FIXTURES or any(name.endswith("_trained") for name in names):
+            item.add_marker(pytest.mark.slow)
+
 
 def run(module, *args, check=True, env=None, cwd=None, stdin=None, timeout=900):
     """Run ``python -m module args`` (one thread, as the tests share two cores); fail with its stderr tail."""
