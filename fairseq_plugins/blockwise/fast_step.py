@@ -1,17 +1,16 @@
 """Blockwise parallel decoding on the fast decoder step (``--task blockwise_translation --fast-step``).
 
 The same predict-verify-accept loop as ``BlockwiseGenerator``; its model calls run on ``FastDecoderStep``:
-a block of proposals goes through each decoder layer as the rows of one product (``block_step``: k positions
-for about the weight reading of one), the rejected tail is dropped by moving the cache's end back
-(``truncate``), and the proposal heads and both output products use the step's precision (float32 or int8
-with per-row activation scales). One sentence at a time: the target is batch 1 on CPU, where a call is bound
-by reading weights; a batch is decoded sentence by sentence.
+a block of proposals goes through each decoder layer as the rows of one product (``block_step``: each weight
+read once for the block), the rejected tail is dropped by moving the cache's end back (``truncate``), and the
+proposal heads and both output products use the step's precision (float32 or int8 with per-row activation
+scales). One sentence at a time (the target is batch 1 on CPU); a batch is decoded sentence by sentence.
 
 With exact acceptance and float32 the output is greedy decoding's (that of the blockwise model's base),
 as on fairseq's decoder.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
