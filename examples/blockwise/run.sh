@@ -107,7 +107,7 @@ if stage train; then
       --arch blockwise_transformer_multi30k --blockwise-heads "$K" --blockwise-head-layout "$LAYOUT" \
       ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
       --criterion blockwise_label_smoothed_cross_entropy --blockwise-loss "$LOSS" --label-smoothing 0.1 \
-      --blockwise-proposal-vocab "$HEAD_VOCAB" --save-interval-updates 50 --keep-interval-updates 1 \
+      --blockwise-proposal-vocab "$HEAD_VOCAB" \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
       --max-tokens 4096 $(variant_stop "$variant") --seed 1 \
