@@ -541,5 +541,6 @@ def test_bench_reports_block_statistics_and_identity(blockwise_trained, tmp_path
     # One call against one greedy step, timed on the same cached prefixes (10 sentences).
     stats = result["stats"]
     assert stats["call_cost_samples"] == 10 and stats["call_ms"] > 0 and stats["greedy_step_ms"] > 0
+    assert stats["call_cost_step"] == "fairseq"  # both timed on fairseq's decoder
     low, high = stats["call_cost_range"]
     assert 0 < low <= stats["call_cost_vs_greedy_step"] <= high

@@ -66,6 +66,8 @@ class FastProposalHeads:
 class FastStepBlockwiseGenerator(BlockwiseGenerator):
     """``BlockwiseGenerator`` whose model calls run on the fast decoder step, one sentence at a time."""
 
+    step_backend = "fast step"
+
     def __init__(self, model, tgt_dict, block_size: int, precision: str = "fp32", **kwargs):
         super().__init__(model, tgt_dict, block_size, **kwargs)
         self.precision = precision

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 class BlockwiseGenerator(MethodGenerator):
     method_name = "blockwise"
+    step_backend = "fairseq"  # whose decoder step the calls run on (step_cost_figures names it)
 
     def __init__(self, model, tgt_dict, block_size: int, acceptance: str = "exact", topk: int = 2,
                  distance: float = 1.0, min_block_size: int = 1, adaptive_threshold: float = 0.0,
@@ -225,7 +226,8 @@ class BlockwiseGenerator(MethodGenerator):
         return {"call_cost_vs_greedy_step": round(statistics.median(ratios), 4),
                 "call_cost_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 "call_ms": round(statistics.median(call_ms), 4), "greedy_step_ms": round(statistics.median(step_ms), 4),
-                "call_cost_samples": len(samples), "call_cost_repeats": repeats}
+                "call_cost_samples": len(samples), "call_cost_repeats": repeats,
+                "call_cost_step": self.step_backend}
 
     def _hypothesis(self, tokens: Tensor, positional_scores: Tensor) -> List[Dict]:
         self._stats["sentences"] += 1
