@@ -323,39 +323,15 @@ def test_min_block_size_and_approximate_acceptance_accept_more_per_iteration():
     assert sizes["topk"] > 3.0 and sizes["distance"] > 3.0
 
 
-def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset():
+@pytest.mark.parametrize("vocab", [0, 8], ids=["whole vocabulary", "proposal vocabulary"])
+def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset(vocab):
+    """Head i at position j is scored against target j + i - 1. With --blockwise-proposal-vocab N, heads 2..k's
+    softmax runs over the first N tokens; a target outside them has no loss and counts as a miss; p_1 keeps the
+    whole vocabulary. Training a frozen base with p_1 the identity skips p_1 (nothing to train)."""
     model, dictionary = random_model(std=0.05)
-    criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(DictionaryTask(dictionary), False, 0.0)
-    target = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 1, 1]])
-    prev = torch.tensor([[2, 5, 6, 7, 8], [2, 9, 10, 2, 1]])
-    sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},
-              "target": target, "ntokens": 8}
-    loss, _, logs = criterion(model, sample)
-    features, _ = model(**sample["net_input"], features_only=True)
-    expected = 0.0
-    for head in range(HEADS):
-        lprobs = torch.log_softmax(model.decoder.head_logits(features, [head]).squeeze(-2), -1)
-        nll, count = 0.0, 0
-        for b in range(2):
-            for j in range(5):
-                if j + head < 5 and target[b, j + head] != dictionary.pad():
-                    nll -= lprobs[b, j, target[b, j + head]]
-                    count += 1
-        assert logs[f"head{head + 1}_total"] == count
-        assert torch.allclose(logs[f"head{head + 1}_nll_loss"], nll, atol=1e-4)
-        expected = expected + nll
-    assert torch.allclose(loss, expected / HEADS, atol=1e-4)
-
-
-def test_a_proposal_vocabulary_trains_heads_over_the_most_frequent_tokens_only():
-    """--blockwise-proposal-vocab N: heads 2..k's softmax runs over the first N tokens; a target outside them
-    has no loss and counts as a miss; p_1 keeps the whole vocabulary. Training a frozen base with p_1 the
-    identity skips p_1 (nothing to train)."""
-    model, dictionary = random_model(std=0.05)
-    vocab = 8
     criterion = BlockwiseLabelSmoothedCrossEntropyCriterion(DictionaryTask(dictionary), False, 0.0,
                                                             blockwise_proposal_vocab=vocab)
-    target = torch.tensor([[5, 6, 9, 8, 2], [9, 10, 2, 1, 1]])
+    target = torch.tensor([[5, 6, 9, 8, 2], [9, 10, 2, 1, 1]])  # 9 and 10: outside a proposal vocabulary of 8
     prev = torch.tensor([[2, 5, 6, 9, 8], [2, 9, 10, 2, 1]])
     sample = {"net_input": {**random_batch(dictionary, bsz=2)["net_input"], "prev_output_tokens": prev},
               "target": target, "ntokens": 8}
@@ -363,8 +339,9 @@ def test_a_proposal_vocabulary_trains_heads_over_the_most_frequent_tokens_only()
     features, _ = model(**sample["net_input"], features_only=True)
     expected = 0.0
     for head in range(HEADS):
+        restricted = vocab and head > 0
         logits = model.decoder.head_logits(features, [head]).squeeze(-2)
-        lprobs = torch.log_softmax(logits if head == 0 else logits[..., :vocab], -1)
+        lprobs = torch.log_softmax(logits[..., :vocab] if restricted else logits, -1)
         nll, count, correct = 0.0, 0, 0
         for b in range(2):
             for j in range(5):
@@ -372,7 +349,7 @@ def test_a_proposal_vocabulary_trains_heads_over_the_most_frequent_tokens_only()
                     wanted = int(target[b, j + head])
                     count += 1
                     correct += int(lprobs[b, j].argmax()) == wanted
-                    if head == 0 or wanted < vocab:
+                    if not restricted or wanted < vocab:
                         nll -= lprobs[b, j, wanted]
         assert logs[f"head{head + 1}_total"] == count and logs[f"head{head + 1}_n_correct"] == correct
         assert torch.allclose(logs[f"head{head + 1}_nll_loss"], torch.as_tensor(nll), atol=1e-4), head

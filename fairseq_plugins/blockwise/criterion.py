@@ -120,14 +120,13 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
         base_trainable = any(p.requires_grad for name, p in model.named_parameters()
                              if not name.startswith("decoder.proposal_heads."))
         p1_trainable = decoder.proposal_heads.learned_first_head or base_trainable
+        # Head 1 of a frozen base with p_1 = identity has nothing to train (its full-vocabulary product would
+        # cost as much as a head's; validation scores it)
+        trainable = [h for h in heads if h > 0 or p1_trainable]
         if self.blockwise_loss != "sample":
-            # Head 1 of a frozen base with p_1 = identity has nothing to train: its full-vocabulary product
-            # would cost as much as a head's (validation scores it)
-            return heads if p1_trainable or len(heads) == 1 else heads[1:]
+            return trainable or heads
         if p1_trainable and len(heads) > 1:  # p_1 in every batch, plus one of the proposal heads
             return [0, 1 + torch.randint(len(heads) - 1, (1,)).item()]
-        # Head 1 of a frozen base with p_1 = identity has nothing to train.
-        trainable = [h for h in heads if h > 0 or p1_trainable]
         return [trainable[torch.randint(len(trainable), (1,)).item()]]
 
     def forward(self, model, sample, reduce=True):

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..fast_step.engine import linear_of
 from ..fast_step.generator import fast_step_parts
 from .generator import BlockwiseGenerator
-from .model import ProposalHeads
+from .model import ProposalHeads, row_blocks
 
 
 class FastProposalHeads:
@@ -41,11 +41,11 @@ class FastProposalHeads:
             return
         if heads.layout == "joint":  # one hidden layer for all heads; the needed heads' output rows
             self.fc1 = linear_of(heads.fc1.weight, heads.fc1.bias, precision)
-            rows = torch.cat([torch.arange(j * d, (j + 1) * d) for j in self.learned])
-            self.fc2 = [linear_of(heads.fc2.weight[rows], heads.fc2.bias[rows], precision)]
+            self.fc2 = [linear_of(row_blocks(heads.fc2.weight, self.learned, d),
+                                  row_blocks(heads.fc2.bias, self.learned, d), precision)]
         else:  # the needed heads' hidden layers in one product, their output layers one each
-            rows = torch.cat([torch.arange(j * h, (j + 1) * h) for j in self.learned])
-            self.fc1 = linear_of(heads.fc1.weight[rows], heads.fc1.bias[rows], precision)
+            self.fc1 = linear_of(row_blocks(heads.fc1.weight, self.learned, h),
+                                 row_blocks(heads.fc1.bias, self.learned, h), precision)
             self.fc2 = [linear_of(heads.fc2_weight[j], heads.fc2_bias[j], precision) for j in self.learned]
 
     def __call__(self, x: Tensor) -> Tensor:

@@ -94,9 +94,9 @@ class ProposalHeads(nn.Module):
         d, h = self.embed_dim, self.ffn_dim
         if self.layout == "joint":
             hidden = self.dropout(F.relu(self.fc1(x)))
-            weight, bias = _row_blocks(self.fc2.weight, needed, d), _row_blocks(self.fc2.bias, needed, d)
+            weight, bias = row_blocks(self.fc2.weight, needed, d), row_blocks(self.fc2.bias, needed, d)
             return F.linear(hidden, weight, bias).view(*x.shape[:-1], len(needed), d)
-        w1, b1 = _row_blocks(self.fc1.weight, needed, h), _row_blocks(self.fc1.bias, needed, h)
+        w1, b1 = row_blocks(self.fc1.weight, needed, h), row_blocks(self.fc1.bias, needed, h)
         hidden = self.dropout(F.relu(F.linear(x, w1, b1))).view(-1, len(needed), h)
         if needed == list(range(needed[0], needed[-1] + 1)):
             w2, b2 = self.fc2_weight[needed[0]:needed[-1] + 1], self.fc2_bias[needed[0]:needed[-1] + 1]
@@ -108,7 +108,7 @@ class ProposalHeads(nn.Module):
         return deltas.reshape(*x.shape[:-1], len(needed), d)
 
 
-def _row_blocks(weight: Tensor, blocks: List[int], size: int) -> Tensor:
+def row_blocks(weight: Tensor, blocks: List[int], size: int) -> Tensor:
     """Rows [b*size, (b+1)*size) of ``weight`` for each b in ``blocks``, in that order (a view when contiguous)."""
     if blocks == list(range(blocks[0], blocks[-1] + 1)):
         return weight[blocks[0] * size:(blocks[-1] + 1) * size]

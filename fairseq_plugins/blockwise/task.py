@@ -111,14 +111,13 @@ class BlockwiseTranslationTask(TranslationTask):
             "--nbest": getattr(args, "nbest", 1) != 1,
         })
         precision = str(self.cfg.fast_step_precision)
+        generator_class, extra = BlockwiseGenerator, {}
         if self.cfg.fast_step:  # the blockwise model's own heads make the outputs from the decoder's features
             check_fast_step_model(model, precision, features_only=True)
+            generator_class, extra = FastStepBlockwiseGenerator, {"precision": precision}
         elif precision != "fp32":
             raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop "
                              "--fast-step-precision)")
-        generator_class, extra = BlockwiseGenerator, {}
-        if self.cfg.fast_step:
-            generator_class, extra = FastStepBlockwiseGenerator, {"precision": precision}
         return generator_class(
             model, self.target_dictionary, block_size, **extra,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,

@@ -44,9 +44,9 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
     device = next(model.parameters()).device
     if precision == "int8" and device.type != "cpu":
         raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
-    if precision == "int8" and int8_encoder_unsupported_reason(model.encoder) is not None:
-        raise InputError(f"--fast-step-precision int8: this model's encoder is not supported "
-                         f"({int8_encoder_unsupported_reason(model.encoder)}); use fp32")
+    reason = int8_encoder_unsupported_reason(model.encoder) if precision == "int8" else None
+    if reason is not None:
+        raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")
 
 
 @dataclass

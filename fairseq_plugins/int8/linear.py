@@ -149,6 +149,13 @@ class Int8GRU(nn.Module):
         return torch.stack(outputs), h.unsqueeze(0)
 
 
+def _self_attention_unsupported_reason(attention: nn.Module) -> Optional[str]:
+    if not attention.self_attention or not attention.qkv_same_dim or attention.bias_k is not None \
+            or attention.add_zero_attn:
+        return "self-attention with --add-bias-kv, --add-zero-attn or other key/value dimensions"
+    return None
+
+
 class Int8EncoderSelfAttention(nn.Module):
     """fairseq's ``MultiheadAttention`` as an encoder's self-attention (whole sequences, no incremental state)
     with its q/k/v projections as one int8 matrix and its output projection int8. fairseq runs an encoder's
@@ -157,10 +164,9 @@ class Int8EncoderSelfAttention(nn.Module):
 
     def __init__(self, attention: nn.Module):
         super().__init__()
-        if not attention.self_attention or not attention.qkv_same_dim or attention.bias_k is not None \
-                or attention.add_zero_attn:
-            raise ValueError("Int8EncoderSelfAttention takes a self-attention without --add-bias-kv, "
-                             "--add-zero-attn or other key/value dimensions")
+        reason = _self_attention_unsupported_reason(attention)
+        if reason is not None:
+            raise ValueError(f"Int8EncoderSelfAttention: {reason}")
         self.heads, self.head_dim, self.scaling = attention.num_heads, attention.head_dim, attention.scaling
         projections = (attention.q_proj, attention.k_proj, attention.v_proj)
         biases = [p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections]
@@ -186,18 +192,18 @@ def int8_encoder_unsupported_reason(encoder: nn.Module) -> Optional[str]:
     """Why ``int8_encoder`` cannot convert ``encoder``, or None when it can."""
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-    for index, layer in enumerate(getattr(encoder, "layers", None) or ()):
+    layers = getattr(encoder, "layers", None)
+    if not layers:
+        return f"{type(encoder).__name__} has no transformer encoder layers"
+    for index, layer in enumerate(layers):
         where = f"encoder layer {index} ({type(layer).__name__})"
         if type(layer).forward is not TransformerEncoderLayerBase.forward:
             return f"{where} is not a plain fairseq transformer encoder layer"
         if not isinstance(layer.fc1, nn.Linear) or not isinstance(layer.fc2, nn.Linear):
             return f"{where}: a feed-forward block that is not two Linear layers (quantization noise?)"
-        attention = layer.self_attn
-        if not attention.self_attention or not attention.qkv_same_dim or attention.bias_k is not None \
-                or attention.add_zero_attn:
-            return f"{where}: self-attention with --add-bias-kv, --add-zero-attn or other key/value dimensions"
-    if not getattr(encoder, "layers", None):
-        return f"{type(encoder).__name__} has no transformer encoder layers"
+        reason = _self_attention_unsupported_reason(layer.self_attn)
+        if reason is not None:
+            return f"{where}: {reason}"
     return None
 
 
