@@ -7,6 +7,7 @@
 # Usage: examples/baseline/run.sh [MULTI30K_DIR] [WORK_DIR]
 #   env: EPOCHS (20), STAGES ("prepare train evaluate bench"), BENCH_JSON (docs/results/baseline.json),
 #        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3),
+#        TRAIN_FLAGS (extra fairseq-train flags, e.g. --fp16 on a GPU; none by default),
 #        RANKS (1): train with this many CPU processes of one thread each (fairseq DDP over gloo), each on
 #        4096/RANKS tokens a batch, so an update still sees 4096 tokens; PORT (29511) for their rendezvous
 set -euo pipefail
@@ -29,7 +30,8 @@ fi
 
 RANKS=${RANKS:-1}
 train() {  # fairseq-train with the given flags, on RANKS one-thread processes (DDP) when RANKS > 1
-  if (( RANKS == 1 )); then record fairseq-train "$@" --max-tokens 4096; return; fi
+  # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
+  if (( RANKS == 1 )); then record fairseq-train "$@" --max-tokens 4096 ${TRAIN_FLAGS:-}; return; fi
   local pids=() rank
   for (( rank = 0; rank < RANKS; rank++ )); do
     # Only rank 0 logs to the console (fairseq's own rule); every rank gets one thread.

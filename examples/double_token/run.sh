@@ -25,7 +25,7 @@
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
-#        GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
+#        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
 BASE=${1:-work/baseline}
@@ -55,7 +55,7 @@ checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg$AVERAGE.pt"; }
 if stage train; then
   for system in $SYSTEMS; do
     mkdir -p "$WORK/$system"
-    # shellcheck disable=SC2046  # word splitting of the system's flags is intended
+    # shellcheck disable=SC2046,SC2086  # word splitting of the system's flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") \
       --source-lang en --target-lang de --arch double_token_transformer_multi30k \
       --double-token-base-checkpoint "$BASE/checkpoints/checkpoint_best.pt" \
@@ -64,7 +64,7 @@ if stage train; then
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
       --max-tokens 4096 --max-epoch "$EPOCHS" --patience 3 --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
-      --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/$system/train.log"
+      --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
 fi
 

@@ -23,7 +23,9 @@
 #        distill-2 and distill-3 default to LAYERS_EPOCH), WARMUP (400), THREADS (training threads per
 #        system, 2), KS ("1 32 64 128"), K (64),
 #        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
-#        ALIGN_BACKEND (systran)
+#        ALIGN_BACKEND (systran), WARM_START (1: encoder and embeddings from the baseline's checkpoint,
+#        --lattice-base-checkpoint; 0: from scratch), PATIENCE (3 validations without improvement stop a system;
+#        EPOCHS is a cap), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/lattice}
@@ -46,6 +48,10 @@ data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"
 tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$DISTILL/tok"; fi; }
 table() { echo "$WORK/$1/table.pt"; }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
+warm_start_flags() {
+  [[ ${WARM_START:-1} == 1 ]] && echo "--lattice-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"
+  echo "--patience ${PATIENCE:-3}"
+}
 corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
 
 if stage distill; then
@@ -72,6 +78,8 @@ fi
 if stage train; then
   for system in $SYSTEMS; do
     c=$(corpus "$system")
+    mkdir -p "$WORK/$system"
+    # shellcheck disable=SC2046,SC2086  # word splitting of the warm-start flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-2} record fairseq-train "$(data_bin "$c")" --user-dir "$USER_DIR" \
       --task lattice_translation --source-lang en --target-lang de \
       --arch lattice_transformer_multi30k --lattice-scorer-layers "$(layers "$system")" \
@@ -79,8 +87,8 @@ if stage train; then
       --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
       --max-tokens 4096 --max-epoch "$(epochs "$system")" --seed 1 \
-      --save-dir "$WORK/$system/checkpoints" \
-      --log-format simple --log-interval 50
+      --save-dir "$WORK/$system/checkpoints" $(warm_start_flags) \
+      --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
 fi
 

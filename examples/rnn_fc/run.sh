@@ -36,7 +36,7 @@
 #   env: STAGES, SYSTEMS, TRAIN_ON (distill | raw), DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
 #        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
-#        RESULTS (docs/results)
+#        RESULTS (docs/results), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
@@ -76,7 +76,7 @@ if stage train; then
       --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
       --max-tokens 4096 --max-epoch "$(epochs "$system")" --patience 3 --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
-      --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/$system/train.log"
+      --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
 fi
 

@@ -19,6 +19,7 @@ from .textio import InputError, positive_int
 
 logger = logging.getLogger(__name__)
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")
 _UPDATE_CHECKPOINT = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
 
@@ -37,8 +38,9 @@ def last_checkpoints(directory: str, count: int, by_update: bool = False) -> Lis
     return [os.path.join(directory, name) for _, name in numbered[-count:]]
 
 
-def average_models(paths: List[str]) -> Dict:
-    """The newest of ``paths`` (a fairseq checkpoint dict) with ``model`` the mean of all their models."""
+def average_models(paths: List[str], dtype: Optional[torch.dtype] = None) -> Dict:
+    """The newest of ``paths`` (a fairseq checkpoint dict) with ``model`` the mean of all their models, its floating
+    tensors in ``dtype`` (default: the newest input's)."""
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 
@@ -68,10 +70,15 @@ def average_models(paths: List[str]) -> Dict:
                     raise InputError(f"{path}: integer tensor {key} differs from {first}'s; cannot average it")
         newest = state
     reference = newest["model"]
-    newest["model"] = collections.OrderedDict(
-        (key, (total / len(paths)).to(reference[key].dtype) if reference[key].is_floating_point() else total)
-        for key, total in sums.items()
-    )
+    # Tied parameters (one embedding saved under three names) are saved once, as fairseq saves them: the inputs'
+    # equal tensors stay one tensor, so the file keeps fairseq's size.
+    averaged: collections.OrderedDict = collections.OrderedDict()
+    for key, total in sums.items():
+        mean = (total / len(paths)).to(dtype or reference[key].dtype) if reference[key].is_floating_point() else total
+        averaged[key] = next((kept for kept in averaged.values()
+                              if kept.shape == mean.shape and kept.dtype == mean.dtype and torch.equal(kept, mean)),
+                             mean)
+    newest["model"] = averaged
     newest["last_optimizer_state"] = None
     if OmegaConf.is_config(newest.get("cfg")):  # saved as fairseq saves it: plain containers, not OmegaConf
         newest["cfg"] = OmegaConf.to_container(newest["cfg"])
@@ -92,6 +99,9 @@ def add_average_parser(subparsers):
                        help="average the last N checkpointEPOCH.pt of --inputs DIR")
     count.add_argument("--num-update-checkpoints", type=positive_int,
                        help="average the last N checkpoint_EPOCH_UPDATE.pt of --inputs DIR")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="save the floating tensors in this type (float16 halves the file, e.g. to ship a model "
+                        "trained on a GPU; fairseq loads it into a float32 model); default: as the inputs")
     p.set_defaults(run=_run_average)
 
 
@@ -108,7 +118,7 @@ def _run_average(args, argv):
         paths = args.inputs
         if any(os.path.isdir(p) for p in paths):
             raise InputError("--inputs: a directory needs --num-epoch-checkpoints or --num-update-checkpoints")
-    state = average_models(paths)
+    state = average_models(paths, DTYPES[args.dtype] if args.dtype else None)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     partial = args.output + ".tmp"
     torch.save(state, partial)

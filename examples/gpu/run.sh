@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The GPU kit: every method trained, decoded and benchmarked on a CUDA device, one stage per device command.
+# Each stage ends well inside a device command's 10 minutes; run them in this order on a lent machine:
+#
+#   env      : installs the carried wheels (.whl: ../shared/gpu/fetch-wheels.sh) and this package, prints
+#              torch/CUDA/GPU versions, runs the test suite's CUDA-marked tests (pytest -m cuda)
+#   baseline : examples/baseline/run.sh's train and evaluate stages on the GPU (same recipe, TRAIN_FLAGS
+#              added), then the distilled training sets every method reuses: beam 5 (work/distill/beam5) and
+#              greedy (work/blockwise/self_distill)
+#   train    : each method of METHODS trained by its own recipe on the GPU (its train stage, TRAIN_FLAGS added),
+#              warm-started from the baseline where the method allows; GPU_MINUTES (per method) sets the budget
+#   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
+#              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
+#   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
+#              tar.gz, split in parts under 16 MiB, into $OUT (a device command's result folder)
+#   unpack   : here, after the command: examples/gpu/run.sh unpack FILES_AT puts the parts back in place
+#
+# Usage: examples/gpu/run.sh STAGE [ARGS]
+#   env: DEVICE (cuda; cpu = the dry run CI does, on whatever data WORK holds), WHEELS (.whl), SITE (where the
+#        wheels go, /tmp/fairseq-plugins-site), WORK (work), RESULTS (docs/results/gpu), TRAIN_FLAGS (--fp16 on
+#        cuda, none on cpu), METHODS ("blockwise double_token lattice rnn_fc"), GPU_MINUTES (4), BENCH_LIMIT
+#        (200 test sentences), BENCH_RUNS (3)
+# Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
+set -euo pipefail
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bench|pack|unpack [ARGS]}
+shift
+DEVICE=${DEVICE:-cuda}
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-/tmp/fairseq-plugins-site}
+WORK=${WORK:-work}
+RESULTS=${RESULTS:-docs/results/gpu}
+if [[ $DEVICE == cuda ]]; then TRAIN_FLAGS=${TRAIN_FLAGS---fp16}; else TRAIN_FLAGS=${TRAIN_FLAGS-}; fi
+export TRAIN_FLAGS
+KIT=$(cd "$(dirname "$0")" && pwd)
+
+fail() { echo "examples/gpu/run.sh $STAGE: $*" >&2; exit 2; }
+
+# fairseq and its small dependencies from the carried wheels, then this package, into SITE; nothing when they
+# import already (a machine of your own with `make install`).
+install_carried() {
+  [[ -d $SITE/fairseq ]] && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
+  if python3 -c "import fairseq, fairseq_plugins" 2>/dev/null && command -v fairseq-plugins fairseq-train > /dev/null; then
+    return 0
+  fi
+  local wheel missing=()
+  for wheel in ve_fairseq-0.12.3 hydra_core-1.3.2 omegaconf-2.3.0 antlr4_python3_runtime-4.9.3 bitarray; do
+    compgen -G "$WHEELS/$wheel*.whl" > /dev/null || missing+=("$WHEELS/$wheel*.whl")
+  done
+  ((${#missing[@]} == 0)) || fail "missing wheel(s): ${missing[*]}; fetch them here with" \
+    "../shared/gpu/fetch-wheels.sh $WHEELS and carry $WHEELS"
+  # One pip call: a second --target --upgrade would replace the first one's bin/ (fairseq's commands).
+  rm -rf "$SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-build-isolation --target "$SITE" \
+    "$WHEELS"/*.whl .
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
+}
+
+require_device() {
+  [[ $DEVICE == cpu || $DEVICE == cuda ]] || fail "DEVICE=$DEVICE: cuda or cpu"
+  if [[ $DEVICE == cuda ]]; then
+    python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
+      || fail "no CUDA device visible to torch (DEVICE=cpu runs the dry run)"
+  fi
+}
+
+case $STAGE in
+  unpack)  # here: the parts one or more device commands brought back, in their places under the repo root
+    (($# > 0)) || fail "usage: examples/gpu/run.sh unpack DIR... (the files_at of each device command)"
+    parts=()
+    for from in "$@"; do parts+=("$from"/kit.tar.gz.part*); done
+    [[ -e ${parts[0]} ]] || fail "$*: no kit.tar.gz.part* files"
+    mapfile -t parts < <(for part in "${parts[@]}"; do echo "$(basename "$part") $part"; done | sort | cut -d' ' -f2)
+    cat "${parts[@]}" | tar -xzf - -C .
+    echo "unpacked $(cat "${parts[@]}" | tar -tzf - | grep -vc /$) files from ${#parts[@]} part(s)"
+    exit 0 ;;
+esac
+
+require_device
+install_carried
+
+case $STAGE in
+  env)
+    python3 - <<'EOF'
+import fairseq, torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, fairseq {fairseq.__version__}")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, "
+          f"bf16 {torch.cuda.is_bf16_supported()}")
+EOF
+    [[ $DEVICE == cuda ]] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    mkdir -p "$RESULTS"
+    python3 -m pytest -q -m cuda -p no:cacheprovider --junitxml "$RESULTS/env-pytest.xml" ;;
+
+  baseline)
+    BASE=$WORK/baseline
+    [[ -f $BASE/data/prepare.json ]] || fail "$BASE/data: no prepared data (run examples/baseline/run.sh with" \
+      "STAGES=prepare here and carry $BASE/data)"
+    mkdir -p "$BASE"
+    STAGES="train evaluate" examples/baseline/run.sh "$BASE/data/raw" "$BASE" 2>&1 | tee "$BASE/train.log" \
+      | grep -E "valid on|beam [0-9]|done training|Error|error" || true
+    [[ -f $BASE/checkpoints/checkpoint_best.pt ]] || fail "baseline training wrote no checkpoint (see $BASE/train.log)"
+    # shellcheck source=examples/common.sh
+    source "$KIT/../common.sh"
+    USER_DIR=$(fairseq-plugins user-dir)
+    COMMANDS=$WORK/distill/commands.txt
+    mkdir -p "$WORK/distill"
+    distill_beam5 "$BASE" 2> "$WORK/distill/beam5.log"
+    distill_training_set "$BASE" "$WORK/blockwise/self_distill" --beam 1 2> "$WORK/distill/greedy.log"
+    wc -l "$WORK/distill/beam5/tok/train.de" "$WORK/blockwise/self_distill/tok/train.de" ;;
+
+  train)
+    BASE=$WORK/baseline
+    [[ -f $BASE/checkpoints/checkpoint_best.pt ]] || fail "$BASE/checkpoints/checkpoint_best.pt: no baseline (stage baseline)"
+    [[ -f $WORK/distill/beam5/bin/train.en-de.de.bin ]] || fail "$WORK/distill/beam5/bin: no distilled set (stage baseline)"
+    minutes=${GPU_MINUTES:-4}
+    stop="--stop-time-hours $(python3 -c "print(round($minutes / 60, 4))")"
+    jobs_started=()
+    launch() {  # NAME METHOD RECIPE-ENV...: one recipe's train stage in the background, logged to WORK/gpu/NAME.log
+      local name=$1 method=$2 flags_var="TRAIN_FLAGS_$2"
+      shift 2
+      mkdir -p "$WORK/gpu"
+      env "$@" STAGES=train TRAIN_FLAGS="${!flags_var-$TRAIN_FLAGS} $stop" \
+        "examples/$method/run.sh" "$BASE" "$WORK/$method" > "$WORK/gpu/$name.log" 2>&1 &
+      jobs_started+=("$name:$!")
+    }
+    for method in ${METHODS:-double_token rnn_fc lattice}; do
+      case $method in
+        double_token) for system in ${DOUBLE_TOKEN_SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}; do
+                        launch "double_token-$system" double_token SYSTEMS="$system" EPOCHS=100; done ;;
+        rnn_fc)       for system in ${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}; do
+                        launch "rnn_fc-$system" rnn_fc SYSTEMS="$system" EPOCHS=100; done ;;
+        lattice)      for system in ${LATTICE_SYSTEMS:-distill-1}; do
+                        launch "lattice-$system" lattice SYSTEMS="$system" EPOCHS=100; done ;;
+        *) fail "METHODS: unknown method $method (double_token rnn_fc lattice)" ;;
+      esac
+    done
+    failed=0
+    for job in "${jobs_started[@]}"; do
+      if wait "${job#*:}"; then status=ok; else status=FAILED; failed=1; fi
+      echo "${job%:*}: $status; $(grep -E "valid on" "$WORK/gpu/${job%:*}.log" | tail -1 | cut -c1-160)"
+    done
+    # Decoding needs each system's average of its last epochs (double_token, rnn_fc) or its best (lattice).
+    [[ " ${METHODS:-double_token rnn_fc lattice} " == *" double_token "* ]] && \
+      SYSTEMS="${DOUBLE_TOKEN_SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}" STAGES="average evaluate" \
+      examples/double_token/run.sh "$BASE" "$WORK/double_token" 2>&1 | grep -E "beam|rror" || true
+    [[ " ${METHODS:-double_token rnn_fc lattice} " == *" rnn_fc "* ]] && \
+      SYSTEMS="${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}" STAGES=average \
+      examples/rnn_fc/run.sh "$BASE" "$WORK/rnn_fc" 2>&1 | grep -E "rror" || true
+    exit $failed ;;
+
+  pack)  # pack PATH... : into $OUT/kit.tar.gz.partNN (at most 4 parts a command: pack-rest sends the others)
+    OUT=${OUT:?pack writes into \$OUT (set on a device command)}
+    ((${#@} > 0)) || fail "name the paths to pack"
+    stage=$(mktemp -d)
+    rm -rf "$WORK/gpu/parts" && mkdir -p "$WORK/gpu/parts"
+    for path in "$@"; do
+      [[ -e $path ]] || { echo "pack: $path: not there, skipped" >&2; continue; }
+      mkdir -p "$stage/$(dirname "$path")"
+      if [[ -f $path && $path == *.pt ]]; then  # decoding needs the model, not the optimizer state
+        fairseq-plugins average-checkpoints --inputs "$path" --output "$stage/$path" --dtype "${PACK_DTYPE:-float16}" \
+          2> /dev/null
+      else
+        cp -r "$path" "$stage/$path"
+      fi
+    done
+    tar -czf - -C "$stage" . | split -b 15m -d -a 2 - "$WORK/gpu/parts/kit.tar.gz.part"
+    rm -rf "$stage"
+    ;&
+  pack-rest)  # the next 4 parts of the last pack into $OUT
+    OUT=${OUT:?pack writes into \$OUT (set on a device command)}
+    parts=("$WORK"/gpu/parts/kit.tar.gz.part*)
+    [[ -e ${parts[0]} ]] || fail "no parts left to send"
+    mv "${parts[@]:0:4}" "$OUT/"
+    left=$(( ${#parts[@]} > 4 ? ${#parts[@]} - 4 : 0 ))
+    ls -l "$OUT"
+    ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
+
+  *) fail "unknown stage (env baseline train bench pack unpack)" ;;
+esac
