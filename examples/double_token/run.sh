@@ -8,8 +8,8 @@
 #              at most EPOCHS epochs), same seed and schedule, on the baseline's prepared data; resumes from
 #              checkpoint_last.pt. A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
-#   average  : the mean of each system's last 5 epoch checkpoints (the paper's averaging), checkpoint_avg5.pt:
-#              what every later stage decodes
+#   average  : the mean of each system's last 5 epoch checkpoints (the paper's averaging; fewer when a system
+#              stopped sooner), checkpoint_avg.pt (it records which it averaged): what every later stage decodes
 #   evaluate : fairseq-generate --beam BEAM on the whole test set, detokenised, sacreBLEU (Table 2's BLEU)
 #   bench    : fairseq-plugins bench of each other system against l2r-1 decoded in the same run
 #              (--baseline-path): tokens/s and its ratio (Table 2's speed), one thread, one sentence at a
@@ -50,7 +50,8 @@ system_flags() {  # the task flags of system ORDER-N
     *) echo "unknown system $1 (l2r-1 r2l-1 l2r-2 r2l-2 bidir-2)" >&2; exit 2 ;;
   esac
 }
-checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg$AVERAGE.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
+epoch_checkpoints() { find "$WORK/$1/checkpoints" -maxdepth 1 -regex '.*/checkpoint[0-9]+\.pt' | wc -l; }
 
 if stage train; then
   for system in $SYSTEMS; do
@@ -70,8 +71,10 @@ fi
 
 if stage average; then
   for system in $SYSTEMS; do
+    # A system that plateaued within AVERAGE epochs (patience) is averaged over the epochs it kept.
+    count=$(epoch_checkpoints "$system")
     record fairseq-plugins average-checkpoints --inputs "$WORK/$system/checkpoints" \
-      --num-epoch-checkpoints "$AVERAGE" --output "$(checkpoint "$system")"
+      --num-epoch-checkpoints $(( count < AVERAGE ? count : AVERAGE )) --output "$(checkpoint "$system")"
   done
 fi
 

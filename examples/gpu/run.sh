@@ -127,11 +127,11 @@ EOF
     for method in ${METHODS:-double_token rnn_fc lattice}; do
       case $method in
         double_token) for system in ${DOUBLE_TOKEN_SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}; do
-                        launch "double_token-$system" double_token SYSTEMS="$system" EPOCHS=100; done ;;
+                        launch "double_token-$system" double_token SYSTEMS="$system" EPOCHS="${KIT_EPOCHS:-100}"; done ;;
         rnn_fc)       for system in ${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}; do
-                        launch "rnn_fc-$system" rnn_fc SYSTEMS="$system" EPOCHS=100; done ;;
+                        launch "rnn_fc-$system" rnn_fc SYSTEMS="$system" EPOCHS="${KIT_EPOCHS:-100}"; done ;;
         lattice)      for system in ${LATTICE_SYSTEMS:-distill-1}; do
-                        launch "lattice-$system" lattice SYSTEMS="$system" EPOCHS=100; done ;;
+                        launch "lattice-$system" lattice SYSTEMS="$system" EPOCHS="${KIT_EPOCHS:-100}"; done ;;
         *) fail "METHODS: unknown method $method (double_token rnn_fc lattice)" ;;
       esac
     done
@@ -147,6 +147,58 @@ EOF
     [[ " ${METHODS:-double_token rnn_fc lattice} " == *" rnn_fc "* ]] && \
       SYSTEMS="${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}" STAGES=average \
       examples/rnn_fc/run.sh "$BASE" "$WORK/rnn_fc" 2>&1 | grep -E "rror" || true
+    exit $failed ;;
+
+  bench)
+    BASE=$WORK/baseline
+    DATA=$BASE/data
+    mkdir -p "$RESULTS"
+    bench_grid() {  # NAME MODEL ARGS...: fairseq-plugins bench over BATCHES x PRECISIONS into RESULTS/NAME.json
+      local name=$1 model=$2 batch precision
+      shift 2
+      if [[ ! -f $model ]]; then echo "bench $name: skipped, no model at $model (stage train)"; return 0; fi
+      rm -f "$RESULTS/$name.json.tmp"
+      for batch in ${BATCHES:-1 64}; do
+        for precision in ${PRECISIONS:-fp32 fp16}; do
+          [[ $DEVICE == cpu && $precision == fp16 ]] && continue  # fairseq's fp16 decoding needs CUDA
+          fairseq-plugins bench --path "$model" --data "$DATA" --split test --device "$DEVICE" --threads 1 \
+            --batch-size "$batch" --runs "${BENCH_RUNS:-3}" --limit "${BENCH_LIMIT:-200}" \
+            --label "$name batch $batch $precision" $([[ $precision == fp16 ]] && echo --fp16) \
+            --provenance "$BASE/commands.txt" --json "$RESULTS/$name.json.tmp" --append "$@" \
+            2> "$WORK/gpu/bench-$name.log" || { echo "bench $name batch $batch $precision: FAILED" \
+            "(see $WORK/gpu/bench-$name.log)"; return 1; }
+        done
+      done
+      mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
+      fairseq-plugins report "$RESULTS/$name.json"
+    }
+    mkdir -p "$WORK/gpu"
+    failed=0
+    for method in ${BENCH_METHODS:-baseline fast_step double_token lattice blockwise rnn_fc}; do
+      case $method in
+        baseline)  # the stock generator against itself: the device's absolute speed at beam 5 and greedy
+          bench_grid baseline "$BASE/checkpoints/checkpoint_best.pt" --method baseline --beam 5 || failed=1 ;;
+        fast_step)
+          bench_grid fast_step "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 \
+            || failed=1 ;;
+        double_token)  # bidir-2 against the single-token l2r-1 system, beam 10 (Table 2)
+          bench_grid double_token "$WORK/double_token/bidir-2/checkpoints/checkpoint_avg.pt" --method double_token \
+            --baseline-path "$WORK/double_token/l2r-1/checkpoints/checkpoint_avg.pt" --beam 10 \
+            --task double_token_translation --token-order bidir --tokens-per-step 2 --max-len-a 1.2 --max-len-b 10 \
+            || failed=1 ;;
+        lattice)  # distill-1 against the baseline at beam 5; the table is built on the CPU (lattice recipe)
+          bench_grid lattice "$WORK/lattice/distill-1/checkpoints/checkpoint_best.pt" --method lattice \
+            --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
+            --task lattice_translation --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 64 || failed=1 ;;
+        blockwise)  # the self-distilled heads, k = 4, against stock greedy on the same base
+          bench_grid blockwise "$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 \
+            --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" || failed=1 ;;
+        rnn_fc)  # fp32 (its int8 runs on the CPU only), beam 6, against the stock generator on the same model
+          bench_grid rnn_fc "$WORK/rnn_fc/fc4-tanh/checkpoints/checkpoint_avg5.pt" --method rnn_fc --beam 6 \
+            || failed=1 ;;
+        *) fail "BENCH_METHODS: unknown method $method (baseline fast_step double_token lattice blockwise rnn_fc)" ;;
+      esac
+    done
     exit $failed ;;
 
   pack)  # pack PATH... : into $OUT/kit.tar.gz.partNN (at most 4 parts a command: pack-rest sends the others)
@@ -176,5 +228,5 @@ EOF
     ls -l "$OUT"
     ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
 
-  *) fail "unknown stage (env baseline train bench pack unpack)" ;;
+  *) fail "unknown stage (env baseline train bench pack pack-rest unpack)" ;;
 esac

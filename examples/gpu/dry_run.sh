@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU kit's dry run on the CPU (what CI runs, so that the kit cannot rot while no device is lent): every
+# stage of examples/gpu/run.sh with DEVICE=cpu on a tiny synthetic corpus in Multi30k's layout (en -> de),
+# one epoch per model, a few sentences per bench, then pack and unpack, checking that the parts put every
+# packed file back. Figures from it mean nothing; it checks that the stages run and fit together.
+#
+# Usage: examples/gpu/dry_run.sh [WORK]   (default work/gpu-dry; started over on every run)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export WORK=${1:-work/gpu-dry}
+export DEVICE=cpu RESULTS=$WORK/results OMP_NUM_THREADS=1
+export EPOCHS=1 KIT_EPOCHS=1 GPU_MINUTES=5 BENCH_LIMIT=8 BENCH_RUNS=1 BATCHES="1 4"
+export DOUBLE_TOKEN_SYSTEMS="l2r-1 bidir-2" RNN_FC_SYSTEMS=fc0-tanh LATTICE_SYSTEMS=distill-1
+export BENCH_METHODS="baseline fast_step double_token rnn_fc"
+rm -rf "$WORK"
+mkdir -p "$WORK/raw"
+python -c "import sys; from fairseq_plugins.common.synthetic import write_corpus
+write_corpus(sys.argv[1], 'en', 'de', sizes={'train': 1000, 'val': 40, 'test_2016_flickr': 16})" "$WORK/raw"
+fairseq-plugins prepare "$WORK/raw" "$WORK/baseline/data" -s en -t de --vocab-size 100 2> "$WORK/prepare.log"
+
+for stage in env baseline train bench; do
+  echo "== dry run: $stage"
+  examples/gpu/run.sh "$stage"
+done
+for method in baseline fast_step double_token rnn_fc; do
+  [[ -s $RESULTS/$method.json ]] || { echo "dry run: bench wrote no $RESULTS/$method.json" >&2; exit 1; }
+done
+
+echo "== dry run: pack and unpack"
+packed=("$WORK"/double_token/*/checkpoints/checkpoint_avg.pt "$WORK/baseline/train.log" "$RESULTS")
+mkdir -p "$WORK/out"
+OUT=$(cd "$WORK/out" && pwd)
+OUT=$OUT examples/gpu/run.sh pack "${packed[@]}"
+mkdir -p "$WORK/unpacked"
+(cd "$WORK/unpacked" && "$OLDPWD/examples/gpu/run.sh" unpack "$OUT")
+for path in "${packed[@]}"; do
+  [[ -e $WORK/unpacked/$path ]] || { echo "dry run: $path did not come back from pack/unpack" >&2; exit 1; }
+done
+echo "dry run: every stage ran"

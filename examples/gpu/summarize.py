@@ -1,0 +1,80 @@
+"""The GPU kit's training figures: one record per fairseq-train log (device, precision, validation curve, wall
+time, why it stopped), written as JSON and a Markdown table.
+
+Usage: python examples/gpu/summarize.py --logs NAME=LOG... --json OUT.json [--markdown OUT.md]
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)")
+DEVICE = re.compile(r"rank +\d+: capabilities = +([\d.]+) +; total memory = ([\d.]+) GB ; name = (.+?)\s*$")
+DONE = re.compile(r"done training in ([\d.]+) seconds")
+FP16 = re.compile(r"'fp16': (True|False)")
+BF16 = re.compile(r"'bf16': (True|False)")
+
+
+def read_log(path: str) -> dict:
+    curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, "max epoch", False, False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if m := VALID.search(line):
+                epoch = int(m.group(1))
+                curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
+                curve.append({"epoch": epoch, "loss": float(m.group(2)), "nll_loss": float(m.group(3))})
+            elif m := DEVICE.search(line):
+                device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
+            elif m := DONE.search(line):
+                seconds = float(m.group(1))
+            elif "early stop since valid performance" in line:
+                stopped_by = "patience (plateau of validation loss)"
+            elif "Stopping training due to cumulative_training_time" in line:
+                stopped_by = "time budget (--stop-time-hours)"
+            if "'common': {" in line:
+                fp16 = fp16 or (m := FP16.search(line)) is not None and m.group(1) == "True"
+                bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
+    if not curve:
+        raise SystemExit(f"{path}: no validation line (not a fairseq-train log, or it ended before epoch 1)")
+    best = min(curve, key=lambda point: point["loss"])
+    return {"log": path, "device": device or {"name": "cpu"}, "precision": "fp16" if fp16 else "bf16" if bf16 else
+            "fp32", "epochs": curve[-1]["epoch"], "best_epoch": best["epoch"], "best_valid_loss": best["loss"],
+            "best_valid_nll_loss": best["nll_loss"], "train_seconds": seconds, "stopped_by": stopped_by,
+            "curve": curve}
+
+
+def markdown(runs: dict) -> str:
+    lines = ["| run | device | precision | epochs | best valid loss (nll) @ epoch | train s | stopped by |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in runs.items():
+        lines.append(f"| {name} | {r['device']['name']} | {r['precision']} | {r['epochs']} | "
+                     f"{r['best_valid_loss']:.3f} ({r['best_valid_nll_loss']:.3f}) @ {r['best_epoch']} | "
+                     f"{r['train_seconds'] if r['train_seconds'] is not None else '-'} | {r['stopped_by']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--logs", nargs="+", required=True, metavar="NAME=LOG", help="fairseq-train logs, each named")
+    p.add_argument("--json", required=True, help="write the records here")
+    p.add_argument("--markdown", help="and a table here")
+    args = p.parse_args(argv)
+    runs = {}
+    for item in args.logs:
+        name, sep, path = item.partition("=")
+        if not sep or not os.path.isfile(path):
+            sys.exit(f"--logs {item}: NAME=LOG with LOG an existing file")
+        runs[name] = read_log(path)
+    for path, text in ((args.json, json.dumps({"runs": runs}, indent=1) + "\n"),
+                       (args.markdown, markdown(runs) if args.markdown else None)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()
