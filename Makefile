@@ -16,13 +16,15 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test test-fast demo baseline clean help
+.PHONY: install test test-fast demo baseline gpu-check gpu-dry-run clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite"
 	@echo "make test-fast  the tests that train no model (pytest -m 'not slow'; minutes)"
 	@echo "make install create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and this package"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
+	@echo "make gpu-check STAGE=env|baseline|train|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
+	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 
 install: $(STAMP)
 
@@ -47,6 +49,14 @@ demo: install
 
 baseline: install
 	examples/baseline/run.sh $(if $(DATA),$(DATA),../shared/data/multi30k)
+
+# No install step: on a lent GPU machine the kit installs the carried wheels itself (docs/gpu.md).
+gpu-check:
+	@test -n "$(STAGE)" || { echo "make gpu-check STAGE=env|baseline|train|bench (one per device command)"; exit 2; }
+	examples/gpu/run.sh $(STAGE)
+
+gpu-dry-run: install
+	examples/gpu/dry_run.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info work/demo

@@ -70,3 +70,29 @@ def test_too_few_checkpoints_or_different_models_are_clear_errors(trained, epoch
     assert result.returncode == 2
     assert "decoder.output_projection.weight is (3, 3)" in result.stderr
     assert not out.exists() and not os.path.exists(f"{out}.tmp")
+
+
+def test_tied_embeddings_are_saved_once_and_float16_halves_the_file(trained, tmp_path):
+    """The tiny baseline shares all embeddings (three names, one tensor): an average keeps them one tensor, so the
+    file is no larger than fairseq's own; --dtype float16 stores the floats in half precision, loadable as ever."""
+    from fairseq import checkpoint_utils
+
+    base = torch.load(trained["checkpoint"], map_location="cpu", weights_only=False)["model"]
+    tied = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"]
+    assert all(torch.equal(base[tied[0]], base[name]) for name in tied[1:])
+    full, half = str(tmp_path / "full.pt"), str(tmp_path / "half.pt")
+    plugins_cli("average-checkpoints", "--inputs", trained["checkpoint"], "--output", full)
+    plugins_cli("average-checkpoints", "--inputs", trained["checkpoint"], "--output", half, "--dtype", "float16")
+    model = torch.load(full, map_location="cpu", weights_only=False)["model"]
+    assert len({model[name].untyped_storage().data_ptr() for name in tied}) == 1
+    untied = sum(t.numel() * t.element_size() for t in model.values())
+    assert os.path.getsize(full) < untied - 1.5 * model[tied[0]].numel() * 4  # two copies fewer
+    halved = torch.load(half, map_location="cpu", weights_only=False)["model"]
+    assert {t.dtype for t in halved.values() if t.is_floating_point()} == {torch.float16}
+    for key, tensor in base.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(halved[key].float(), tensor, rtol=1e-3, atol=1e-4)
+    assert os.path.getsize(half) < 0.6 * os.path.getsize(full)
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [half], arg_overrides={"data": os.path.join(trained["data"], "bin")})
+    assert next(models[0].parameters()).dtype == torch.float32  # fairseq casts into its float32 model

@@ -25,6 +25,10 @@ def main():
     p.add_argument("--systems", nargs="+", required=True)
     p.add_argument("--bench", required=True, help="bench JSON of stage bench")
     p.add_argument("--beams", help="bench JSON of stage beams")
+    p.add_argument("--stock-bleu", help="sacreBLEU JSON of the stock baseline transformer at the same beam and flags "
+                                         "(stage evaluate): a row and the l2r-1 target's reference")
+    p.add_argument("--batch-sizes", nargs="*", type=int, default=[],
+                   help="bench batch sizes besides 1 (labelled 'SYSTEM batch N' in --bench): a speed column each")
     p.add_argument("--commands", required=True)
     p.add_argument("--out", required=True, help="output path without extension")
     args = p.parse_args()
@@ -34,7 +38,11 @@ def main():
     for system in args.systems:
         with open(os.path.join(args.work, system, f"bleu.beam{args.beam}.json"), encoding="utf-8") as f:
             bleu = json.load(f)
-        row = {"system": system, "bleu": bleu["score"], "bleu_signature": bleu.get("signature")}
+        row = {"system": system, **bleu_figures(bleu)}
+        for batch in args.batch_sizes:
+            if f"{system} batch {batch}" in benches:
+                row.update({f"{key}_vs_l2r_1_batch_{batch}": value
+                            for key, value in report.speed_figures(benches[f"{system} batch {batch}"]).items()})
         if system in benches:
             r = benches[system]
             row.update({f"{key}_vs_l2r_1": value for key, value in report.speed_figures(r).items()})
@@ -52,6 +60,11 @@ def main():
     l2r = next((row["bleu"] for row in rows if row["system"] == "l2r-1"), None)
     for row in rows:
         row["bleu_delta_vs_l2r_1"] = round(row["bleu"] - l2r, 2) if l2r is not None else None
+    stock = None
+    if args.stock_bleu:
+        with open(args.stock_bleu, encoding="utf-8") as f:
+            stock = {"system": "stock transformer (baseline)", **bleu_figures(json.load(f))}
+        stock["bleu_delta_vs_l2r_1"] = round(stock["bleu"] - l2r, 2) if l2r is not None else None
 
     any_bench = next(iter(benches.values()))
     result = {
@@ -64,6 +77,7 @@ def main():
         "speed_ratio_definition": any_bench["speed_ratio_definition"],
         "device": any_bench["device"],
         "rows": rows,
+        "stock_baseline": stock,
         "commands": report.read_provenance([args.commands]),
     }
     if args.beams and os.path.isfile(args.beams):
@@ -79,18 +93,30 @@ def main():
     with atomic_output(args.out + ".json") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    lines = [f"| system (beam {args.beam}) | BLEU | vs l2r-1 | speed ratio vs l2r-1 (min-max) | tokens/s | "
-             "l2r-1 tokens/s | tokens/s ratio | decoder calls/sentence |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        timed = "speed_ratio_vs_l2r_1" in row
-        cell = report.speed_cell({key: row[f"{key}_vs_l2r_1"] for key in report.SPEED_KEYS}) if timed else ""
-        lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | {cell} | "
-                     f"{row.get('tokens_per_s', '')} | {row.get('l2r_1_tokens_per_s', '')} | "
+    batch_columns = [batch for batch in args.batch_sizes if any(f"speed_ratio_vs_l2r_1_batch_{batch}" in row
+                                                                 for row in rows)]
+    lines = [f"| system (beam {args.beam}) | BLEU | vs l2r-1 | length ratio | speed ratio vs l2r-1 (min-max) | "
+             + "".join(f"at batch {batch} | " for batch in batch_columns)
+             + "tokens/s | l2r-1 tokens/s | tokens/s ratio | decoder calls/sentence |",
+             "|---|---:|---:|---:|---:|" + "---:|" * len(batch_columns) + "---:|---:|---:|---:|"]
+
+    def speed(row, suffix=""):
+        if f"speed_ratio_vs_l2r_1{suffix}" not in row:
+            return ""
+        return report.speed_cell({key: row[f"{key}_vs_l2r_1{suffix}"] for key in report.SPEED_KEYS})
+
+    for row in rows + ([stock] if stock else []):
+        lines.append(f"| {row['system']} | {row['bleu']:.1f} | {row['bleu_delta_vs_l2r_1']:+.1f} | "
+                     f"{row['length_ratio']:.3f} | {speed(row)} | "
+                     + "".join(f"{speed(row, f'_batch_{batch}')} | " for batch in batch_columns)
+                     + f"{row.get('tokens_per_s', '')} | {row.get('l2r_1_tokens_per_s', '')} | "
                      f"{row.get('tokens_per_s_ratio_vs_l2r_1', '')} | "
                      f"{row.get('decoder_invocations_per_sentence') or ''} |")
-    lines += report.flag_note_lines([(row["system"], {key: row[f"{key}_vs_l2r_1"] for key in report.SPEED_KEYS})
-                         for row in rows if "speed_ratio_vs_l2r_1" in row])
+    lines += report.flag_note_lines(
+        [(row["system"] + (f" batch {batch}" if batch != 1 else ""),
+          {key: row[f"{key}_vs_l2r_1{'' if batch == 1 else f'_batch_{batch}'}"] for key in report.SPEED_KEYS})
+         for batch in [1] + batch_columns for row in rows
+         if f"speed_ratio_vs_l2r_1{'' if batch == 1 else f'_batch_{batch}'}" in row])
     sweep = result.get("speed_ratio_against_beam")
     if sweep:
         label = sweep[0]["label"]
@@ -104,6 +130,16 @@ def main():
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def bleu_figures(bleu: dict) -> dict:
+    """BLEU, its brevity penalty, precisions and length ratio from sacreBLEU's JSON (-m bleu)."""
+    # verbose_score: "69.0/44.6/31.0/21.5 (BP = 0.995 ratio = 0.995 hyp_len = 12051 ref_len = 12106)"
+    precisions, _, rest = bleu["verbose_score"].partition(" (")
+    fields = dict(zip(rest.rstrip(")").split()[::3], rest.rstrip(")").split()[2::3]))
+    return {"bleu": bleu["score"], "bleu_signature": bleu.get("signature"), "precisions": precisions,
+            "brevity_penalty": float(fields["BP"]), "length_ratio": float(fields["ratio"]),
+            "hyp_len": int(fields["hyp_len"]), "ref_len": int(fields["ref_len"])}
 
 
 def plot_beams(sweep, path):
