@@ -32,10 +32,19 @@ TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}
 
 
 def pytest_collection_modifyitems(config, items):
+    cuda_available = None  # asked once, and only if a test needs a device
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & TRAINING_FIXTURES or any(name.endswith("_trained") for name in names):
             item.add_marker(pytest.mark.slow)
+        # Tests marked ``cuda`` (tests/test_cuda.py) are skipped, with the reason, where torch sees no device.
+        if item.get_closest_marker("cuda") is not None:
+            if cuda_available is None:
+                import torch
+
+                cuda_available = torch.cuda.is_available()
+            if not cuda_available:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
 def run(module, *args, check=True, env=None, cwd=None, stdin=None, timeout=900):
@@ -81,6 +90,52 @@ def random_batch(dictionary, bsz, src_len=7, seed=0):
     for i, n in enumerate(lengths.tolist()):
         src[i, : src_len - n] = dictionary.pad()  # fairseq pads sources on the left
     return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def on_device(sample, device):
+    """``sample`` (nested dicts and lists of tensors) with every tensor on ``device``."""
+    from fairseq import utils
+
+    return utils.apply_to_sample(lambda tensor: tensor.to(device), sample)
+
+
+def decode_on(device, make_generator, model, sample, dtype=None):
+    """The n-best lists that ``make_generator(model)`` gives for ``sample`` with a copy of ``model`` moved to
+    ``device`` (and cast to ``dtype``); ``model`` itself is left as it is. Each hypothesis as a dict: tokens (a
+    list), score (a float), positional_scores (a CPU tensor of the generator's dtype)."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    generator = make_generator(model)
+    with torch.no_grad():
+        output = generator.generate([model], on_device(sample, device))
+    return [[{"tokens": h["tokens"].tolist(), "score": float(h["score"]),
+              "positional_scores": h["positional_scores"].detach().cpu()} for h in hypotheses]
+            for hypotheses in output]
+
+
+def assert_same_hypotheses(got, expected, atol=1e-4):
+    """Two decodings of the same sentences (``decode_on``) agree: as many hypotheses a sentence, their scores
+    rank by rank within ``atol``, and tokens and positional scores wherever a score is unique in its n-best
+    list (float rounding, another device's included, may swap hypotheses whose scores tie); at least half of
+    the best hypotheses must have been compared token by token."""
+    import torch
+
+    assert len(got) == len(expected)
+    compared_best = 0
+    for sentence, (mine, theirs) in enumerate(zip(got, expected)):
+        scores = [h["score"] for h in theirs]
+        assert len(mine) == len(theirs) > 0, sentence
+        assert [h["score"] for h in mine] == pytest.approx(scores, abs=atol), sentence
+        for rank, (a, b) in enumerate(zip(mine, theirs)):
+            if sum(abs(scores[rank] - score) <= atol for score in scores) == 1:
+                assert a["tokens"] == b["tokens"], (sentence, rank)
+                torch.testing.assert_close(a["positional_scores"].float(), b["positional_scores"].float(),
+                                           rtol=0, atol=atol)
+                compared_best += rank == 0
+    assert 2 * compared_best >= len(expected), "too many tied scores to compare the outputs"
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,7 @@ def test_a_generator_that_leaves_sentences_without_a_hypothesis_is_a_clear_error
             _decoder(lambda b: hypos, "the test generator (Fake)")(batch)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_bench_decodes_like_cpu(trained, tmp_path):
     for device in ("cpu", "cuda"):
         bench(trained, "--device", device, "--beam", 1, "--limit", 10, "--json", tmp_path / f"{device}.json",

@@ -353,7 +353,7 @@ def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.cuda
 def test_incremental_decoding_on_cuda_matches_the_cpu_full_forward_pass():
     model = build("bytenet_multi30k_char", narrow=True)
     source, lengths, target = _random_batch(model.decoder.dictionary, batch=3, source_len=9, target_len=30)

@@ -607,7 +607,7 @@ def test_bench_of_the_exact_switches_matches_the_stock_generator(rnn_fc_trained,
     assert result["stats"]["candidates_per_sentence"] > 0 and result["stats"]["precision"] == "int8"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_decoding_equals_cpu_decoding(rnn_fc_trained):
     model, tgt_dict, _, batches = load(rnn_fc_trained["checkpoint"])
     cpu = decode(RnnFcGenerator([model], tgt_dict, beam=6), model, batches[:2])

@@ -137,7 +137,9 @@ class _Layer:
             return None
         structs = {}
         for name, matrix in matrices.items():
-            if isinstance(matrix, PackedLinear):
+            # float32 CPU weights only: a bfloat16/float16 model, or one on a GPU, runs as torch operations
+            if isinstance(matrix, PackedLinear) and matrix.weight.dtype == torch.float32 \
+                    and matrix.weight.device.type == "cpu":
                 structs[name] = native.float_matrix(matrix.weight, matrix.bias)
             elif isinstance(matrix, Int8Matrix) and matrix.backend == "native":
                 structs[name] = native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim)
@@ -226,9 +228,10 @@ class FastDecoderStep:
         self._position_table(max_steps)
 
     def _allocate(self, rows: int, steps: int) -> None:
-        device = self.embed_tokens.device
+        device, dtype = self.embed_tokens.device, self.embed_tokens.dtype  # the model's (bfloat16 caches for one)
         self.capacity = steps
-        self.keys = [torch.empty(rows, layer.heads, steps, layer.head_dim, device=device) for layer in self.layers]
+        self.keys = [torch.empty(rows, layer.heads, steps, layer.head_dim, device=device, dtype=dtype)
+                     for layer in self.layers]
         self.values = [torch.empty_like(k) for k in self.keys]
 
     def _grow(self) -> None:

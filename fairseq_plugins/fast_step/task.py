@@ -10,6 +10,8 @@ translation. Any model trained with ``--task translation`` (the baseline) decode
 
 from dataclasses import dataclass, field
 
+import torch
+
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -44,6 +46,10 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
     device = next(model.parameters()).device
     if precision == "int8" and device.type != "cpu":
         raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
+    dtype = next(model.parameters()).dtype
+    if precision == "int8" and dtype != torch.float32:
+        raise InputError(f"--fast-step-precision int8: quantizes a float32 model, this one is {dtype} "
+                         "(drop --fp16/--bf16)")
     reason = int8_encoder_unsupported_reason(model.encoder) if precision == "int8" else None
     if reason is not None:
         raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")

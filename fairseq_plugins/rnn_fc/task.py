@@ -6,6 +6,8 @@ from it (``--task translation`` trains rnn_fc just as well).
 
 from dataclasses import dataclass, field
 
+import torch
+
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -84,6 +86,10 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
         device = next(models[0].parameters()).device
         if str(self.cfg.rnn_fc_precision) == "int8" and device.type != "cpu":
             raise InputError("--rnn-fc-precision int8: fbgemm's int8 kernels run on the CPU only (add --cpu)")
+        dtype = next(models[0].parameters()).dtype
+        if str(self.cfg.rnn_fc_precision) == "int8" and dtype != torch.float32:
+            raise InputError(f"--rnn-fc-precision int8: quantizes a float32 model, this one is {dtype} "
+                             "(drop --fp16/--bf16)")
         shortlist = self.shortlist()
         return RnnFcGenerator(
             models, self.target_dictionary, beam=getattr(args, "beam", 6), speedups=speedups,
