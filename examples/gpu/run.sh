@@ -12,17 +12,22 @@
 #   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
 #   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
-#              tar.gz, split in parts under 16 MiB, into $OUT (a device command's result folder)
+#              tar.gz, split in parts of 15 MiB, into $OUT (a device command's result folder), 4 at most
+#   pack-rest: the next 4 parts of the last pack (the same warm machine, the next command)
 #   unpack   : here, after the command: examples/gpu/run.sh unpack FILES_AT puts the parts back in place
 #
-# Usage: examples/gpu/run.sh STAGE [ARGS]
-#   env: DEVICE (cuda; cpu = the dry run CI does, on whatever data WORK holds), WHEELS (.whl), SITE (where the
-#        wheels go, /tmp/fairseq-plugins-site), WORK (work), RESULTS (docs/results/gpu), TRAIN_FLAGS (--fp16 on
-#        cuda, none on cpu), METHODS ("blockwise double_token lattice rnn_fc"), GPU_MINUTES (4), BENCH_LIMIT
-#        (200 test sentences), BENCH_RUNS (3)
+# Usage: examples/gpu/run.sh STAGE [ARGS]   (or make gpu-check STAGE=...; docs/gpu.md)
+#   env: DEVICE (cuda; cpu = the dry run CI does, examples/gpu/dry_run.sh), WHEELS (.whl), SITE (where the wheels
+#        go, /tmp/fairseq-plugins-site), WORK (work), RESULTS (docs/results/gpu),
+#        train: TRAIN_FLAGS (--fp16 on cuda, none on cpu; TRAIN_FLAGS_<method> for one method), METHODS
+#        ("double_token rnn_fc lattice"), DOUBLE_TOKEN_SYSTEMS (all five), RNN_FC_SYSTEMS ("fc4-tanh fc0-tanh"),
+#        LATTICE_SYSTEMS (distill-1), GPU_MINUTES (4 per training, all at once), KIT_EPOCHS (100: a cap)
+#        bench: BENCH_METHODS ("baseline fast_step double_token lattice blockwise rnn_fc"), BATCHES ("1 64"),
+#        PRECISIONS ("fp32 fp16"), BENCH_LIMIT (200 test sentences), BENCH_RUNS (3)
+#        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
-STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bench|pack|unpack [ARGS]}
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bench|pack|pack-rest|unpack [ARGS]}
 shift
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
