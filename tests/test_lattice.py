@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from fairseq.modules import FairseqDropout
 
 from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
@@ -20,7 +21,7 @@ from fairseq_plugins.common.align import align_corpus, find_binary, read_pharaoh
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.lattice.ibm2 import CandidateTable, lattice_recall
-from fairseq_plugins.lattice.model import LatticeTransformerModel, lattice_transformer_tiny
+from fairseq_plugins.lattice.model import HoistedLatticeScorer, LatticeTransformerModel, lattice_transformer_tiny
 from fairseq_plugins.lattice.viterbi import viterbi
 
 NEG = float("-inf")
@@ -76,6 +77,46 @@ def test_viterbi_equals_brute_force_on_random_lattices(order, lenpen, normalize)
                 assert path.indices.tolist() == indices
                 raw = float(path.scores.sum())
                 assert (raw / (length + 1) ** lenpen if normalize else raw) == pytest.approx(score, abs=1e-9)
+
+
+def path_score(transitions, ends, indices, k, order):
+    """Score of one path (candidate indices, then the end), walking the states one position at a time."""
+    state, score = 0, 0.0
+    for position, index in enumerate(indices):
+        score += float(transitions[position, state, index])
+        state = (state * k + index) % (k ** order)
+    return score + float(ends[len(indices), state])
+
+
+def tie_rule(indices, k, order):
+    """Viterbi's choice among equal-scoring paths of one length (its docstring) as a sort key, lowest first: the
+    end state (its last ``order`` indices, oldest first), then each earlier index walking back."""
+    digits = [0] * order + list(indices)  # before position 1: the start state's digits
+    return digits[-order:], digits[-order - 1::-1]
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_viterbi_breaks_ties_by_its_rule(order):
+    """Integer scores from two values (exact sums): many paths of a length tie, and the path returned is the one
+    the tie rule names, as with the one-length-at-a-time end scores it had before they were taken all at once."""
+    generator = torch.Generator().manual_seed(7 + order)
+    for trial in range(16):
+        k, positions, batch = 3, 1 + trial % 4, 2
+        transitions = -torch.randint(0, 2, (batch, positions, k ** order, k), generator=generator).double()
+        ends = -torch.randint(0, 2, (batch, positions + 1, k ** order), generator=generator).double()
+        transitions[torch.rand(transitions.shape, generator=generator) < 0.2] = NEG
+        allowed = torch.ones(batch, positions + 1, dtype=torch.bool)
+        paths = viterbi(transitions, ends, allowed, k, order, normalize=False, nbest=positions + 1)
+        for b in range(batch):
+            expected = {}
+            for length in range(positions + 1):
+                scored = [(path_score(transitions[b], ends[b], indices, k, order), list(indices))
+                          for indices in itertools.product(range(k), repeat=length)]
+                best = max(score for score, _ in scored)
+                if best > NEG:
+                    tied = [indices for score, indices in scored if score == best]
+                    expected[length] = (best, min(tied, key=lambda indices: tie_rule(indices, k, order)))
+            assert {path.length: (path.score, path.indices.tolist()) for path in paths[b]} == expected
 
 
 def test_viterbi_with_no_reachable_length_returns_no_path():
@@ -380,13 +421,14 @@ def test_subprocess_backend_with_a_real_fast_align(small_parallel, tmp_path):
 
 # --- the Markov scorer ------------------------------------------------------------------------------------------
 
-def tiny_model(order=1, layers=1, seed=0):
+def tiny_model(order=1, layers=1, seed=0, normalize_before=False, max_source_positions=64):
     import argparse
 
     torch.manual_seed(seed)
     d = word_dictionary(20)
-    args = argparse.Namespace(lattice_markov_order=order, lattice_scorer_layers=layers, max_source_positions=64,
-                              max_target_positions=64)
+    args = argparse.Namespace(lattice_markov_order=order, lattice_scorer_layers=layers,
+                              max_source_positions=max_source_positions, max_target_positions=64,
+                              decoder_normalize_before=normalize_before)
     lattice_transformer_tiny(args)
     model = LatticeTransformerModel.build_model(args, DictionaryTask(d))
     return model.eval(), d
@@ -596,6 +638,81 @@ def test_cuda_decoding_equals_cpu_decoding():
     assert generator.generation_stats()["scoring_seconds"] > 0
 
 
+# --- the hoisted scorer (the generator's default) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("order, layers, normalize_before", [(1, 1, False), (1, 2, False), (2, 1, False),
+                                                             (2, 2, False), (1, 2, True)])
+@pytest.mark.parametrize("source_length", [7, 70], ids=["values-folded", "values-unfolded"])
+def test_hoisted_scorer_equals_the_scorer(order, layers, normalize_before, source_length):
+    """HoistedLatticeScorer gives the scorer's own features and log-probabilities, to float rounding, on windows
+    of any tokens (padding and BOS included) at any position: with the first layer's tables (first order,
+    post-norm) or without, and with the cross-attention output projection folded into the memory's values
+    (a short source) or not (a long one: (heads - 1) x source >= d)."""
+    model, d = tiny_model(order, layers, seed=7, normalize_before=normalize_before, max_source_positions=128)
+    scorer = model.decoder
+    hoisted = HoistedLatticeScorer(scorer)
+    assert (hoisted.first_layer_tables is not None) == (order == 1 and not normalize_before)
+    sample = random_batch(d, 3, src_len=source_length, seed=8)
+    encoder_out = model.encoder(**sample["net_input"])
+    memory = encoder_out["encoder_out"][0]
+    assert hoisted._memory_keys_values(scorer.layers[0], memory)[2] == (source_length == 7)
+    g = torch.Generator().manual_seed(9)
+    tokens = torch.randint(0, len(d), (3, 50, order), generator=g)
+    positions = torch.randint(0, scorer.max_positions() + 2, (3, 50, order), generator=g)
+    with torch.no_grad():
+        expected = scorer.window_features(tokens, positions, encoder_out)
+        features = hoisted.window_features(tokens, positions, encoder_out)
+        log_probs = [torch.log_softmax(scorer.output_layer(f), dim=-1) for f in (features, expected)]
+    torch.testing.assert_close(features, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(*log_probs, rtol=0, atol=1e-5)
+
+
+def decoded(hypotheses):
+    return [[h["tokens"].tolist() for h in hypos] for hypos in hypotheses]
+
+
+@pytest.mark.parametrize("order, layers, normalization", [(1, 1, "lattice"), (1, 2, "lattice"), (2, 1, "lattice"),
+                                                          (1, 1, "vocab")])
+def test_hoisting_changes_no_decoded_output(order, layers, normalization):
+    model, d = tiny_model(order, layers, seed=10)
+    sample, table = random_batch(d, 6, seed=11), tiny_table(d)
+    hoisted, unhoisted = (lattice_generator(model, d, table, k=6, normalization=normalization, nbest=3, hoist=hoist)
+                          .generate([model], sample) for hoist in (True, False))
+    assert decoded(hoisted) == decoded(unhoisted)
+    for ours, theirs in zip(hoisted, unhoisted, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+            torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=0, atol=1e-5)
+
+
+def test_hoisted_tables_follow_the_weights():
+    """The generator's tables are rebuilt when the scorer's weights change in place (load_state_dict) or are
+    replaced (.double()); dropout kept at inference turns the hoisting off (no table holds a random mask)."""
+    model, d = tiny_model(1, 1, seed=12)
+    other, _ = tiny_model(1, 1, seed=13)
+    sample, table = random_batch(d, 4, seed=14), tiny_table(d)
+    generator = lattice_generator(model, d, table, k=6, nbest=2)
+
+    def scores(hypotheses):
+        return [h["score"] for hypos in hypotheses for h in hypos]
+
+    def unhoisted():
+        return lattice_generator(model, d, table, k=6, nbest=2, hoist=False).generate([model], sample)
+
+    before = generator.generate([model], sample)
+    model.load_state_dict(other.state_dict())
+    after = generator.generate([model], sample)
+    assert scores(after) == pytest.approx(scores(unhoisted()), abs=1e-5)
+    assert scores(after) != pytest.approx(scores(before), abs=1e-3)
+    model.double()
+    assert scores(generator.generate([model], sample)) == pytest.approx(scores(unhoisted()), abs=1e-5)
+    for module in model.decoder.modules():
+        if isinstance(module, FairseqDropout):
+            module.apply_during_inference = True
+    assert not HoistedLatticeScorer.exact_for(model.decoder)
+    assert generator._scorer_features() == model.decoder.window_features
+
+
 def test_an_empty_source_still_gets_a_translation():
     model, d = tiny_model(1, layers=1)
     src = torch.tensor([[d.pad(), d.pad(), d.eos()], [d.index("w3"), d.index("w4"), d.eos()]])
@@ -665,6 +782,14 @@ def test_recall_and_fairseq_generate_on_the_trained_model(lattice_trained, tmp_p
         (key_one, score_one, text_one), (key_many, score_many, text_many) = one.split("\t"), many.split("\t")
         assert (key_one, text_one) == (key_many, text_many)
         assert float(score_one) == pytest.approx(float(score_many), abs=1e-4)  # float rounding of other shapes
+    # --lattice-no-hoist: the scorer's own layers give the same hypotheses (the hoisting is exact on trained weights).
+    unhoisted = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16,
+                         "--lattice-no-hoist")
+    for plain, hoisted in zip(hypotheses(unhoisted.stdout), hypotheses(batched.stdout), strict=True):
+        (key_plain, score_plain, text_plain), (key_hoisted, score_hoisted, text_hoisted) = (plain.split("\t"),
+                                                                                          hoisted.split("\t"))
+        assert (key_plain, text_plain) == (key_hoisted, text_hoisted)
+        assert float(score_plain) == pytest.approx(float(score_hoisted), abs=1e-4)
     # --nbest: the best paths of different lengths, best first.
     nbest = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16, "--nbest", 2)
     scores = {}

@@ -5,7 +5,9 @@ Per batch, with |x| the source length and L = round(slope * |x| + intercept) the
   2. lattice    the top-K tokens of P(y_t | x, t) at t = 1 .. L + dL + 1 from the candidate table;
   3. scoring    one call of the scorer on every (position, state) row: the log-probability of each of the
                 K candidates of position t, and of ending (EOS), given the state of the positions before;
-                normalised over the lattice (K candidates + EOS, the default) or over the vocabulary;
+                normalised over the lattice (K candidates + EOS, the default) or over the vocabulary; the
+                scorer's per-vocabulary and per-sentence work hoisted out of the rows (HoistedLatticeScorer,
+                exact up to float rounding) unless ``hoist=False`` (--lattice-no-hoist);
   4. Viterbi    the best path of every length L - dL .. L + dL at once, then fairseq's length normalisation.
 Phase times, decoder calls and the lattice recall of the references (when the batch has them) are kept
 for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from ..common.generation import MethodGenerator
 from .ibm2 import CandidateTable, never_candidates
+from .model import HoistedLatticeScorer
 from .viterbi import viterbi
 
 logger = logging.getLogger(__name__)
@@ -33,7 +36,7 @@ class LatticeGenerator(MethodGenerator):
 
     def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
                  normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
-                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1):
+                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True):
         if len(models) != 1:
             raise ValueError("lattice decoding takes one model (no ensembles)")
         if k < 1:
@@ -55,6 +58,8 @@ class LatticeGenerator(MethodGenerator):
         self.normalization = normalization
         self.nbest, self.lenpen, self.normalize_scores = nbest, lenpen, normalize_scores
         self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, max(1, min_len)
+        self.hoist = hoist
+        self._hoisted = HoistedLatticeScorer(self.scorer) if hoist else None
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
@@ -71,7 +76,7 @@ class LatticeGenerator(MethodGenerator):
             for phase in PHASES:
                 stats[f"{phase}_ms_per_sentence"] = 1000 * stats[f"{phase}_seconds"] / stats["sentences"]
         stats.update(k=self.k, length_delta=self.length_delta, normalization=self.normalization,
-                     markov_order=self.order, scorer_layers=len(self.scorer.layers))
+                     markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist)
         return stats
 
     def _log_summary(self) -> None:
@@ -136,6 +141,15 @@ class LatticeGenerator(MethodGenerator):
         window_positions = window_positions.view(1, positions + 1, 1, order).expand_as(window_tokens)
         return window_tokens, window_positions, state_valid
 
+    def _scorer_features(self):
+        """The scorer's ``window_features``: hoisted (the tables rebuilt if the weights changed since) unless
+        --lattice-no-hoist, or unless the hoisting would not be exact (dropout kept at inference)."""
+        if not self.hoist or not HoistedLatticeScorer.exact_for(self.scorer):
+            return self.scorer.window_features
+        if not self._hoisted.matches(self.scorer):
+            self._hoisted = HoistedLatticeScorer(self.scorer)
+        return self._hoisted.window_features
+
     def _edge_scores(self, features: Tensor, next_tokens: Tensor, next_valid: Tensor):
         """Log-probabilities of the next position's candidates and of EOS for every row."""
         logits = self.scorer.candidate_logits(features, next_tokens).float()  # (batch, P + 1, states, K)
@@ -153,6 +167,7 @@ class LatticeGenerator(MethodGenerator):
         self._begin_generate(prefix_tokens, constraints)
         model = self.model
         model.eval()
+        window_features = self._scorer_features()  # before the clock: a rebuild of the tables is set-up
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         device = src_tokens.device
@@ -171,8 +186,8 @@ class LatticeGenerator(MethodGenerator):
 
         window_tokens, window_positions, state_valid = self._states(lattice_tokens, lattice_valid, positions)
         batch, rows, states, order = window_tokens.shape
-        features = self.scorer.window_features(window_tokens.view(batch, rows * states, order),
-                                               window_positions.reshape(batch, rows * states, order), encoder_out)
+        features = window_features(window_tokens.view(batch, rows * states, order),
+                                   window_positions.reshape(batch, rows * states, order), encoder_out)
         features = features.view(batch, rows, states, -1)
         candidate_scores, eos_scores = self._edge_scores(features, lattice_tokens[:, :rows], lattice_valid[:, :rows])
         impossible = ~state_valid

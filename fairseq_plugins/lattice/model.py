@@ -9,12 +9,16 @@ score every edge of a lattice at once: one row per (position, previous-token sta
 
 Training (``forward``) builds the windows from ``prev_output_tokens`` and returns full-vocabulary logits,
 so fairseq's stock criterions (label-smoothed cross entropy) train it through fairseq-train.
-``score_lattice`` is what the generator calls: scores of the K candidates of position t for every state of
-the candidates before it.
+``window_features`` on every (position, state) row of a lattice, then ``candidate_logits``, is what the
+generator calls: scores of the K candidates of position t for every state of the candidates before it. At
+inference it calls ``HoistedLatticeScorer.window_features`` instead: the same features, with the work that
+does not depend on the row (per-vocabulary and per-position tables of the first layer, the cross-attention
+output projection folded into the memory's values) done once per model or per sentence.
 """
 
 import logging
 import math
+from functools import partial
 from typing import Dict, Optional
 
 import torch
@@ -32,6 +36,13 @@ from ..common.warm_start import warm_start
 logger = logging.getLogger(__name__)
 
 MARKOV_ORDERS = (1, 2)
+
+
+def encoder_memory(encoder_out: Dict):
+    """The encoder's (source, batch, dim) memory and its (batch, source) padding mask (None: no padding)."""
+    memory = encoder_out["encoder_out"][0]
+    memory_padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+    return memory, memory_padding
 
 
 class MarkovScorerLayer(nn.Module):
@@ -148,13 +159,17 @@ class LatticeScorer(FairseqDecoder):
         mask = torch.zeros(allowed.shape, device=flat.device).masked_fill(~allowed, float("-inf"))
         return mask.repeat_interleave(heads, dim=0)
 
+    def embed_windows(self, window_tokens: Tensor, window_positions: Tensor) -> Tensor:
+        """(batch, rows, window) tokens at their positions -> (batch, rows, window, dim) scorer inputs."""
+        x = self.embed_scale * self.embed_tokens(window_tokens) + self.embed_positions(window_positions)
+        return self.dropout_module(x)
+
     def window_features(self, window_tokens: Tensor, window_positions: Tensor, encoder_out: Dict) -> Tensor:
         """(batch, rows, window) tokens at (batch, rows, window) positions -> (batch, rows, dim) features of
-        each row's last element."""
-        x = self.embed_scale * self.embed_tokens(window_tokens) + self.embed_positions(window_positions)
-        x = self.dropout_module(x)
-        memory = encoder_out["encoder_out"][0]
-        memory_padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        each row's last element. The reference computation, and training's; inference may use
+        ``HoistedLatticeScorer``, the same features with the per-vocabulary and per-sentence work hoisted."""
+        x = self.embed_windows(window_tokens, window_positions)
+        memory, memory_padding = encoder_memory(encoder_out)
         window_mask = self._window_mask(window_tokens)
         for index, layer in enumerate(self.layers):
             x = layer(x, window_mask, memory, memory_padding, last_only=index == len(self.layers) - 1)
@@ -203,6 +218,181 @@ class LatticeScorer(FairseqDecoder):
         flat = features.reshape(-1, features.size(-1))
         parts = [torch.logsumexp(self.output_layer(chunk).float(), dim=-1) for chunk in flat.split(rows_per_chunk)]
         return torch.cat(parts).view(features.shape[:-1])
+
+
+class HoistedLatticeScorer:
+    """``LatticeScorer.window_features`` at inference with the work that does not depend on the row hoisted out
+    of the rows: the same features up to float rounding (the tests compare them to 1e-5), fewer multiply-adds
+    per row. Build it from a trained scorer; ``LatticeGenerator`` does (``--lattice-no-hoist`` turns it off).
+
+    What is hoisted, and where it is exact:
+
+    * every layer, the cross-attention's output projection: out_proj(sum_j a_j v_j) = sum_j a_j (W_o v_j) + b_o
+      (per head), so W_o goes into the memory's values once per sentence (heads x source vectors of d)
+      instead of into every row; used where that is fewer multiply-adds a row, (heads - 1) x source < d.
+    * the first layer, when the window is one token (``--lattice-markov-order 1``) and it is post-norm: with a
+      single key the attention weight is 1, so the self-attention sublayer h = x + out_proj(v_proj(x)) is affine
+      in x = scale * E[y] + P[t]: a table over the vocabulary plus a table over the positions. The
+      cross-attention query q_proj(LN(h)) = (W_q diag(g) h - mean(h) W_q g) / spread(h) + W_q b + b_q (g, b the
+      layer norm's gain and bias) is then also a vocabulary table plus a position table, corrected by each
+      row's layer-norm mean and spread: no d x d product is left before the cross-attention scores.
+
+    Not hoisted (the layer's own code runs): self-attention over a window of two tokens (the softmax over two
+    keys is not linear), pre-norm (--decoder-normalize-before: the layer norm comes before the linear maps),
+    and the self-attention and query of every later layer (their input depends on the previous layer's
+    cross-attention and feed-forward, not only on token and position).
+
+    Only for eval mode without dropout at inference (``exact_for``); the tables are those of the weights
+    when it was built (``matches`` says whether they still are).
+    """
+
+    def __init__(self, scorer: LatticeScorer):
+        self.scorer = scorer
+        self.fingerprint = self.weights_fingerprint(scorer)
+        first = scorer.layers[0]
+        self.first_layer_tables = None
+        if scorer.markov_order == 1 and not first.normalize_before:
+            with torch.no_grad():
+                self.first_layer_tables = self._first_layer_tables(scorer)
+
+    # ---- validity ---------------------------------------------------------------------------------------
+    @staticmethod
+    def exact_for(scorer: LatticeScorer) -> bool:
+        """Whether the hoisted computation equals the scorer's: eval mode, no dropout kept at inference
+        (--retain-dropout draws a mask per row, which no table can hold)."""
+        return not scorer.training and not any(
+            module.apply_during_inference and module.p > 0
+            for module in scorer.modules() if isinstance(module, FairseqDropout))
+
+    @staticmethod
+    def weights_fingerprint(scorer: LatticeScorer):
+        # In-place updates (load_state_dict, optimiser steps) bump a tensor's version; .to()/.half() replace it.
+        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in scorer.parameters())
+
+    def matches(self, scorer: LatticeScorer) -> bool:
+        """Whether this was built from ``scorer`` as its weights are now."""
+        return scorer is self.scorer and self.weights_fingerprint(scorer) == self.fingerprint
+
+    # ---- tables -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _first_layer_tables(scorer: LatticeScorer) -> Dict[str, Tensor]:
+        layer = scorer.layers[0]
+        # At least float32 (a half model's tables are summed and normalised in float32).
+        dtype = torch.promote_types(scorer.embed_positions.weight.dtype, torch.float32)
+
+        def weight(tensor: Optional[Tensor]) -> Optional[Tensor]:
+            return tensor.to(dtype) if tensor is not None else None
+
+        self_attn = layer.self_attn
+
+        def value_output(x: Tensor, biases: bool) -> Tensor:  # out_proj(v_proj(x)), with or without biases
+            v = F.linear(x, weight(self_attn.v_proj.weight), weight(self_attn.v_proj.bias) if biases else None)
+            return F.linear(v, weight(self_attn.out_proj.weight), weight(self_attn.out_proj.bias) if biases else None)
+
+        tokens = scorer.embed_scale * weight(scorer.embed_tokens.weight)
+        positions = weight(scorer.embed_positions.weight)
+        # h = x + out_proj(v_proj(x)) with x = tokens[y] + positions[t]: the linear part of each, biases once.
+        token_table = tokens + value_output(tokens, biases=False)
+        position_table = positions + value_output(positions, biases=True)
+
+        norm = layer.self_attn_layer_norm
+        dim = token_table.size(-1)
+        gain = weight(norm.weight) if norm.weight is not None else token_table.new_ones(dim)
+        shift = weight(norm.bias) if norm.bias is not None else token_table.new_zeros(dim)
+        cross = layer.encoder_attn
+        query_weight, query_bias = weight(cross.q_proj.weight), weight(cross.q_proj.bias)
+        # fairseq scales the projected query (bias included) by head_dim ** -0.5.
+        return {
+            "token": token_table, "position": position_table,
+            "query_token": cross.scaling * F.linear(token_table * gain, query_weight),
+            "query_position": cross.scaling * F.linear(position_table * gain, query_weight),
+            "query_mean": cross.scaling * F.linear(gain, query_weight),
+            "query_bias": cross.scaling * F.linear(shift, query_weight, query_bias),
+        }
+
+    def _first_layer_self_attention(self, window_tokens: Tensor, window_positions: Tensor, dtype: torch.dtype):
+        """The first layer's self-attention sublayer (residual and layer norm included) from the tables, and
+        the scaled cross-attention query of its output: two (batch, rows, 1, dim) tensors."""
+        tables = self.first_layer_tables
+        norm = self.scorer.layers[0].self_attn_layer_norm
+        h = F.embedding(window_tokens, tables["token"]) + F.embedding(window_positions, tables["position"])
+        # Two passes rather than torch.var_mean, which is ~20x slower on the CPU on these shapes.
+        mean = h.mean(dim=-1, keepdim=True)
+        centered = h - mean
+        spread = torch.sqrt((centered * centered).mean(dim=-1, keepdim=True) + norm.eps)
+        query = F.embedding(window_tokens, tables["query_token"]) + F.embedding(window_positions,
+                                                                                tables["query_position"])
+        query = torch.addcmul(query, mean, tables["query_mean"], value=-1) / spread + tables["query_bias"]
+        return norm(h.to(dtype)), query.to(dtype)
+
+    # ---- per sentence -----------------------------------------------------------------------------------
+    @staticmethod
+    def _memory_keys_values(layer: MarkovScorerLayer, memory: Tensor):
+        """The layer's cross-attention keys (batch, heads, source, head_dim) of the memory, its values, and
+        whether the values hold the output projection: then (batch, heads x source, dim), else (batch, heads,
+        source, head_dim)."""
+        attention = layer.encoder_attn
+        source, batch, _ = memory.shape
+        heads, head_dim, dim = attention.num_heads, attention.head_dim, attention.embed_dim
+        keys = attention.k_proj(memory).view(source, batch, heads, head_dim).permute(1, 2, 0, 3)
+        values = attention.v_proj(memory).view(source, batch, heads, head_dim).permute(1, 2, 0, 3)
+        # Folded, a row attends over heads x source vectors of d; unfolded, over source vectors of d (the
+        # heads' slices) and then a d x d output projection.
+        fold = (heads - 1) * source < dim
+        if fold:
+            output_weight = attention.out_proj.weight.view(dim, heads, head_dim)
+            values = torch.einsum("bhse,dhe->bhsd", values, output_weight).reshape(batch, heads * source, dim)
+        return keys, values, fold
+
+    def _encoder_attention(self, layer: MarkovScorerLayer, x: Tensor, query: Optional[Tensor], keys: Tensor,
+                           values: Tensor, fold: bool, memory_padding: Optional[Tensor]) -> Tensor:
+        """fairseq's MultiheadAttention over the memory (eval mode) for (batch, rows, window, dim) ``x``, with
+        its scaled query when the tables gave it."""
+        attention = layer.encoder_attn
+        batch, rows, window, dim = x.shape
+        heads, head_dim = attention.num_heads, attention.head_dim
+        if query is None:
+            query = attention.q_proj(x) * attention.scaling
+        query = query.reshape(batch, rows * window, heads, head_dim).transpose(1, 2)
+        scores = torch.matmul(query, keys.transpose(-1, -2))  # (batch, heads, rows x window, source)
+        if memory_padding is not None:
+            scores = scores.masked_fill(memory_padding.view(batch, 1, 1, -1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
+        if fold:
+            y = torch.matmul(probs.transpose(1, 2).reshape(batch, rows * window, -1), values)
+            if attention.out_proj.bias is not None:
+                y = y + attention.out_proj.bias
+        else:
+            y = attention.out_proj(torch.matmul(probs, values).transpose(1, 2).reshape(batch, rows * window, dim))
+        return y.view(batch, rows, window, dim)
+
+    # ---- features ---------------------------------------------------------------------------------------
+    def window_features(self, window_tokens: Tensor, window_positions: Tensor, encoder_out: Dict) -> Tensor:
+        """``LatticeScorer.window_features`` (eval mode), hoisted."""
+        scorer = self.scorer
+        memory, memory_padding = encoder_memory(encoder_out)
+        window_mask = scorer._window_mask(window_tokens)
+        tables = self.first_layer_tables is not None
+        if tables:
+            x, query = self._first_layer_self_attention(window_tokens, window_positions,
+                                                        scorer.embed_positions.weight.dtype)
+        else:
+            x, query = scorer.embed_windows(window_tokens, window_positions), None
+        last = len(scorer.layers) - 1
+        for index, layer in enumerate(scorer.layers):
+            if not (index == 0 and tables):
+                x = layer._residual(x, partial(layer._window_self_attention, window_mask=window_mask),
+                                    layer.self_attn_layer_norm)
+            if index == last:
+                x = x[:, :, -1:]  # as MarkovScorerLayer: only the window's last element is scored
+            keys, values, fold = self._memory_keys_values(layer, memory)
+            x = layer._residual(x, partial(self._encoder_attention, layer, query=query, keys=keys, values=values,
+                                           fold=fold, memory_padding=memory_padding),
+                                layer.encoder_attn_layer_norm)
+            query = None
+            x = layer._residual(x, layer._feed_forward, layer.final_layer_norm)
+        x = x[:, :, -1]
+        return scorer.layer_norm(x) if scorer.layer_norm is not None else x
 
 
 @register_model("lattice_transformer")

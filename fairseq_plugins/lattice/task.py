@@ -36,6 +36,13 @@ class LatticeTranslationConfig(TranslationConfig):
         metadata={"help": "softmax of each edge score over: lattice (the next position's K candidates and EOS; "
                           "K dot products a row) or vocab (the whole vocabulary, as in training; V a row)"},
     )
+    lattice_no_hoist: bool = field(
+        default=False,
+        metadata={"help": "score the lattice with the scorer's own layers, as in training, instead of the hoisted "
+                          "inference path (per-vocabulary and per-position tables of the first layer, the "
+                          "cross-attention output projection folded into the memory once per sentence): the "
+                          "same scores up to float rounding, slower; for checking"},
+    )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
                                         "matrix) from this trained fairseq transformer of the same sizes and data "
@@ -85,4 +92,5 @@ class LatticeTranslationTask(TranslationTask):
             nbest=getattr(args, "nbest", 1), lenpen=getattr(args, "lenpen", 1.0),
             normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
             max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
+            hoist=not self.cfg.lattice_no_hoist,
         )

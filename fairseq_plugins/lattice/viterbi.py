@@ -29,7 +29,9 @@ def viterbi(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, k: int, 
     ends           (batch, positions + 1, K**order): score of ending after length l in state s
     allowed_lengths (batch, positions + 1) bool: lengths l that may end a path
     -inf marks what is impossible (absent candidates, padding states). Returns, per sentence, up to
-    ``nbest`` paths of different lengths, best first (none if no allowed length is reachable).
+    ``nbest`` paths of different lengths, best first (none if no allowed length is reachable). Among paths
+    of one length with equal scores, ties go to the lowest number (torch.max's first maximum): the lowest
+    end state, then, walking back, the lowest dropped oldest digit at each position.
     """
     batch, positions, states, width = transitions.shape
     if width != k or states != k ** order or ends.shape != (batch, positions + 1, states):
@@ -38,20 +40,18 @@ def viterbi(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, k: int, 
     suffixes = k ** (order - 1)
     alpha = torch.full((batch, states), float("-inf"), device=transitions.device, dtype=transitions.dtype)
     alpha[:, 0] = 0.0
-    length_scores = torch.full((batch, positions + 1), float("-inf"), device=alpha.device, dtype=alpha.dtype)
-    end_states = torch.zeros(batch, positions + 1, dtype=torch.long, device=alpha.device)
-    backpointers = []
-    for length in range(positions + 1):
-        best, state = (alpha + ends[:, length]).max(dim=1)
-        length_scores[:, length] = best
-        end_states[:, length] = state
-        if length == positions:
-            break
+    alphas, backpointers = [alpha], []
+    # The recursion is sequential in the position (alpha at t + 1 needs alpha at t); the end scores are not,
+    # so they are taken after it for every length at once.
+    for length in range(positions):
         # state (first, suffix) + candidate c -> state (suffix, c): maximise over the dropped first digit.
         scores = alpha.view(batch, k, suffixes, 1) + transitions[:, length].view(batch, k, suffixes, k)
         best, first = scores.max(dim=1)
         alpha = best.reshape(batch, states)
+        alphas.append(alpha)
         backpointers.append(first.reshape(batch, states))
+    # (batch, positions + 1): the same sums and the same ties (the first maximum) as one length at a time.
+    length_scores, end_states = (torch.stack(alphas, dim=1) + ends).max(dim=2)
     length_scores = length_scores.masked_fill(~allowed_lengths, float("-inf"))
     lengths = torch.arange(positions + 1, device=alpha.device, dtype=alpha.dtype)
     ranked = length_scores / (lengths + 1) ** lenpen if normalize else length_scores
