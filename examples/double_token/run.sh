@@ -24,7 +24,7 @@
 #        checkpoints averaged), EPOCHS (40: a cap;
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (200 sentences), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench stage), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
 #        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
@@ -38,6 +38,7 @@ WARMUP=${WARMUP:-500}
 AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-10}
 GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
+BENCH_BATCHES=${BENCH_BATCHES:-1 32}
 RESULTS=${RESULTS:-docs/results}
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
@@ -79,7 +80,17 @@ if stage average; then
 fi
 
 if stage evaluate; then
-  # Plain fairseq-generate + sacreBLEU on the whole test set, the way a user would score it.
+  # Plain fairseq-generate + sacreBLEU on the whole test set, the way a user would score it; the stock baseline
+  # transformer (the warm start) decoded alike is the l2r-1 target's reference.
+  mkdir -p "$WORK/baseline"
+  # shellcheck disable=SC2086
+  record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --path "$BASE/checkpoints/checkpoint_best.pt" \
+    --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS \
+    > "$WORK/baseline/generate.beam$BEAM.out"
+  fairseq-plugins detok "$DATA" --from-generate --input "$WORK/baseline/generate.beam$BEAM.out" \
+    > "$WORK/baseline/hyp.beam$BEAM.de"
+  sacrebleu "$DATA/raw/test.de" -i "$WORK/baseline/hyp.beam$BEAM.de" -m bleu > "$WORK/baseline/bleu.beam$BEAM.json"
+  echo "stock baseline beam $BEAM: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/baseline/hyp.beam$BEAM.de" -m bleu -b)"
   for system in $SYSTEMS; do
     out=$WORK/$system/generate.beam$BEAM.out
     # shellcheck disable=SC2046,SC2086
@@ -92,20 +103,23 @@ if stage evaluate; then
   done
 fi
 
-bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON: one bench row, stock single-token L2R decoded in the same run
+bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON [BATCH]: one bench row, stock single-token L2R decoded in the same run
+  local batch=${5:-1}
   # shellcheck disable=SC2046,SC2086
-  fairseq-plugins bench --method double_token --label "$1" --path "$(checkpoint "$1")" $GEN_FLAGS \
-    --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
-    --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 --beam "$2" --limit "$3" \
+  fairseq-plugins bench --method double_token --label "$1$( ((batch > 1)) && echo " batch $batch")" \
+    --path "$(checkpoint "$1")" $GEN_FLAGS --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
+    --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size "$batch" --beam "$2" --limit "$3" \
     --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")
 }
 
 if stage bench; then
   json=$RESULTS/double_token.json
   rm -f "$json.tmp"
-  for system in $SYSTEMS; do
-    [[ $system == l2r-1 ]] && continue  # it is every row's baseline
-    bench_against_l2r "$system" "$BEAM" "${BENCH_LIMIT:-200}" "$json.tmp"
+  for batch in $BENCH_BATCHES; do
+    for system in $SYSTEMS; do
+      [[ $system == l2r-1 ]] && continue  # it is every row's baseline
+      bench_against_l2r "$system" "$BEAM" "${BENCH_LIMIT:-200}" "$json.tmp" "$batch"
+    done
   done
   mv "$json.tmp" "$json"
 fi
@@ -129,5 +143,6 @@ fi
 if stage summary; then
   python "$(dirname "$0")/summarize.py" --work "$WORK" --beam "$BEAM" --systems $SYSTEMS \
     --bench "$RESULTS/double_token.json" --beams "$RESULTS/double_token_beams.json" \
+    --stock-bleu "$WORK/baseline/bleu.beam$BEAM.json" --batch-sizes $BENCH_BATCHES \
     --commands "$COMMANDS" --out "$RESULTS/double_token_table2"
 fi
