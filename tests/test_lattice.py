@@ -713,6 +713,223 @@ def test_hoisted_tables_follow_the_weights():
     assert generator._scorer_features() == model.decoder.window_features
 
 
+# --- skipping the rows of impossible states ----------------------------------------------------------------------
+
+class EveryRowGenerator(LatticeGenerator):
+    """The generator without the row skipping: every (position, state) row scored, impossible ones masked after."""
+
+    @staticmethod
+    def _possible_features(window_features, window_tokens, window_positions, state_valid, encoder_out):
+        return window_features(window_tokens, window_positions, encoder_out)
+
+
+@pytest.mark.parametrize("order, hoist, normalization, k", [(1, True, "lattice", 6), (1, False, "vocab", 6),
+                                                            (2, True, "lattice", 4), (2, False, "lattice", 4),
+                                                            (1, True, "lattice", 30)])
+def test_skipping_the_rows_of_impossible_states_changes_no_output(order, hoist, normalization, k):
+    """The rows of states impossible in every sentence of the batch are not scored: the same tokens and
+    bit-identical scores as scoring every row and masking the impossible ones afterwards. Skipped: the padding
+    states before BOS (K - 1 rows at position 1; at order 2 also K^2 - K at position 2), and with K = 30, more than
+    the tiny vocabulary's 20 words, the states of absent candidates too."""
+    model, d = tiny_model(order, layers=2, seed=15)
+    sample, table = random_batch(d, 5, seed=16), tiny_table(d)
+    kwargs = dict(k=k, normalization=normalization, nbest=3, hoist=hoist)
+    skipping = lattice_generator(model, d, table, **kwargs)
+    every_row = EveryRowGenerator([model], d, table, **kwargs)
+    scored_rows = {}
+
+    def counting(generator, name):
+        window_features = generator._scorer_features()
+
+        def features(tokens, positions, encoder_out):
+            scored_rows[name] = tokens.size(1)
+            return window_features(tokens, positions, encoder_out)
+        generator._scorer_features = lambda: features
+
+    counting(skipping, "skipping")
+    counting(every_row, "every row")
+    ours, theirs = skipping.generate([model], sample), every_row.generate([model], sample)
+    assert decoded(ours) == decoded(theirs)
+    for a, b in zip((h for hypos in ours for h in hypos), (h for hypos in theirs for h in hypos), strict=True):
+        assert a["score"] == b["score"] and torch.equal(a["positional_scores"], b["positional_scores"])
+    width = min(k, len(d) - d.nspecial)  # the generator's K: at most the vocabulary's words
+    states = width ** order
+    padding = (states - 1) + (states - width if order == 2 else 0)
+    skipped = scored_rows["every row"] - scored_rows["skipping"]
+    assert skipped > padding if k > len(d) - d.nspecial else skipped == padding
+
+
+# --- int8 feed-forward matrices (--lattice-scorer-precision int8) ------------------------------------------------
+
+# fbgemm's activation step (fairseq_plugins.int8, INT8_BACKEND): each row is divided by its largest magnitude and
+# quantized to 128 levels over [-1, 1] (a guard row fixes the range): 2 max|x_i| / 127 (tests/test_int8.py).
+FBGEMM_ACTIVATION_STEP = 2 / 127
+
+
+def int8_rounding_variance(x, weight):
+    """Variance of each element of x W^T's error under int8 rounding, (rows, out): uniform rounding (step^2 / 12)
+    of the weights (step max|W_j| / 127, one a row of W) and of each row of x (step FBGEMM_ACTIVATION_STEP
+    max|x_i|), first order; zeros of x (after ReLU, half of them) are exact in both kernels and add nothing."""
+    weight_step = weight.abs().amax(1) / 127
+    activation_step = FBGEMM_ACTIVATION_STEP * x.abs().amax(1, keepdim=True)
+    return ((x ** 2).sum(1, keepdim=True) * weight_step ** 2
+            + activation_step ** 2 * ((x != 0).float() @ (weight ** 2).t())) / 12
+
+
+def feed_forward_error_variance(layer, x):
+    """Predicted variance of each element of the int8 feed-forward block's error (rows, d), from int8 rounding:
+    fc1's rounding through the ReLU (active units only) and fc2, plus fc2's own rounding."""
+    pre_activation = layer.fc1(x)
+    hidden = torch.relu(pre_activation)
+    through_fc2 = (int8_rounding_variance(x, layer.fc1.weight) * (pre_activation > 0)) @ (layer.fc2.weight ** 2).t()
+    return through_fc2 + int8_rounding_variance(hidden, layer.fc2.weight)
+
+
+def hoisted_pair(order, layers, normalize_before=False, seed=7, rows=200):
+    """A tiny model's fp32 and int8 hoisted scorers, random windows and encoder output, and the fp32 scorer's
+    feed-forward inputs (layer index, (rows, d)) recorded while it computed the windows' features."""
+    model, d = tiny_model(order, layers, seed=seed, normalize_before=normalize_before)
+    scorer = model.decoder
+    fp32, int8 = HoistedLatticeScorer(scorer), HoistedLatticeScorer(scorer, "int8")
+    inputs = []
+    feed_forward = fp32._feed_forward
+    fp32._feed_forward = lambda index, layer, x: inputs.append((index, x.reshape(-1, x.size(-1)))) or feed_forward(
+        index, layer, x)
+    encoder_out = model.encoder(**random_batch(d, 3, seed=8)["net_input"])
+    g = torch.Generator().manual_seed(9)
+    tokens = torch.randint(0, len(d), (3, rows, order), generator=g)
+    positions = torch.randint(0, scorer.max_positions() + 2, (3, rows, order), generator=g)
+    with torch.no_grad():
+        features = [scorer_.window_features(tokens, positions, encoder_out) for scorer_ in (fp32, int8)]
+    return scorer, fp32, int8, inputs, features
+
+
+@pytest.mark.parametrize("order, layers, normalize_before", [(1, 1, False), (2, 2, False), (1, 2, True)])
+def test_the_int8_feed_forward_error_is_int8_rounding_error(order, layers, normalize_before):
+    """Every layer's int8 feed-forward block on the fp32 scorer's own inputs: its error against the float32 block is
+    the size int8 rounding predicts (feed_forward_error_variance: ratio 1.00-1.03 measured), neither float32 (no
+    error) nor a coarser quantization (test_int8.py: a 4x coarse scale fails such a ratio); fc1 and fc2 are stored
+    as int8, quantized when the scorer was built."""
+    scorer, _, int8, inputs, _ = hoisted_pair(order, layers, normalize_before)
+    assert sorted(index for index, _ in inputs) == list(range(layers))
+    for index, x in inputs:
+        layer = scorer.layers[index]
+        with torch.no_grad():
+            error = int8._feed_forward(index, layer, x) - layer._feed_forward(x)
+            predicted = feed_forward_error_variance(layer, x)
+        ratio = float(error.pow(2).mean().sqrt() / predicted.mean().sqrt())
+        assert 0.8 < ratio < 1.25, (index, ratio)
+        for matrix, linear in zip(int8.int8_feed_forward[index], (layer.fc1, layer.fc2), strict=True):
+            assert matrix.backend == "fbgemm" and matrix.int8_weight().dtype == torch.int8
+            assert matrix.int8_weight().shape == linear.weight.shape
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_int8_scorer_log_probabilities_are_within_the_int8_rounding_bound(order):
+    """The int8 scorer's log-probabilities (over the whole vocabulary) against the fp32 scorer's, row by row, within
+    a bound derived from int8 rounding (one post-norm layer: only its feed-forward block is int8): the block's error
+    e (predicted norm |e| = sqrt(sum of feed_forward_error_variance), taken 2x for the per-row spread of that
+    prediction, 0.6-1.5 measured) passes the layer norm, at most max|gain| |e| / sigma (sigma: the row's spread,
+    first order), then the logits, at most max_v |W_v| times that (Cauchy-Schwarz), then log-softmax, at most 2x the
+    largest logit change. The error is above zero on every row: int8 ran."""
+    scorer, _, _, inputs, (fp32_features, int8_features) = hoisted_pair(order, layers=1)
+    layer = scorer.layers[0]
+    (_, x), = inputs
+    with torch.no_grad():
+        log_probs = [torch.log_softmax(scorer.output_layer(f), dim=-1) for f in (fp32_features, int8_features)]
+        error = (log_probs[0] - log_probs[1]).abs().amax(-1).view(-1)
+        feed_forward_error = 2 * feed_forward_error_variance(layer, x).sum(1).sqrt()
+        norm = layer.final_layer_norm
+        sigma = ((x + layer._feed_forward(x)).var(1, unbiased=False) + norm.eps).sqrt()
+        largest_output_row = scorer.output_projection.weight.norm(dim=1).max()
+        logit_error = largest_output_row * norm.weight.abs().max() * feed_forward_error / sigma
+    bound = 2 * logit_error
+    assert bool((error > 0).all()), "a row's log-probabilities are float32's: int8 did not run"
+    assert bool((error <= bound).all()), float((error / bound).max())  # 0.12 of the bound at most, measured
+    assert float(error.max()) < 0.1  # 0.02-0.03 measured on these tiny models
+
+
+def test_int8_lattice_decoding_end_to_end():
+    """A random tiny model decoded with the int8 scorer: well-formed paths, one sentence at a time the same as in a
+    batch (per-row activation scales), and with --lattice-normalize vocab every positional score is the float32
+    model's teacher-forced log-probability up to int8 rounding (bounded above; 0.03 at most here), not exactly."""
+    model, d = tiny_model(1, layers=2, seed=17)
+    sample, table = random_batch(d, 5, seed=18), tiny_table(d)
+    generator = lattice_generator(model, d, table, k=6, nbest=2, precision="int8")
+    together = generator.generate([model], sample)
+    for b, hypos in enumerate(together):
+        assert len(hypos) == 2 and all(h["tokens"][-1] == d.eos() and math.isfinite(h["score"]) for h in hypos)
+        alone = generator.generate([model], {"net_input": {key: value[b:b + 1]
+                                                           for key, value in sample["net_input"].items()}})
+        assert decoded(alone) == [decoded(together)[b]]
+        assert [h["score"] for h in alone[0]] == pytest.approx([h["score"] for h in hypos], abs=1e-5)
+    stats = generator.generation_stats()
+    assert stats["scorer_precision"] == "int8" and stats["sentences"] == 10
+    vocab = lattice_generator(model, d, table, k=6, nbest=2, normalization="vocab", precision="int8")
+    differences = []
+    for b, hypos in enumerate(vocab.generate([model], sample)):
+        for hypo in hypos:
+            expected = teacher_forced_scores(model, sample, b, hypo["tokens"]).detach()
+            differences.append(float((hypo["positional_scores"] - expected).abs().max()))
+    assert 0 < max(differences) < 0.1
+
+
+def test_int8_scorer_refusals(tmp_path):
+    """--lattice-scorer-precision int8 is refused by the flag's name before decoding starts: a model on another
+    device (meta here; CUDA alike) or not float32, with --lattice-no-hoist or --retain-dropout; the generator refuses
+    the same (a ValueError), also when the weights change to another dtype after it was built."""
+    import argparse
+
+    from fairseq_plugins.lattice.task import LatticeTranslationConfig, LatticeTranslationTask
+
+    model, d = tiny_model(1, layers=1, seed=19)
+    path = str(tmp_path / "table.pt")
+    tiny_table(d).save(path)
+
+    def build(model, **cfg):
+        task = LatticeTranslationTask(LatticeTranslationConfig(lattice_table=path, lattice_k=6, **cfg), d, d)
+        generation = argparse.Namespace(retain_dropout=cfg.pop("retain_dropout", False))
+        return task.build_generator([model], generation)
+
+    generator = build(model, lattice_scorer_precision="int8")
+    assert generator.precision == "int8" and generator._hoisted.int8_feed_forward is not None
+    assert build(model).precision == "fp32" and build(model)._hoisted.int8_feed_forward is None
+    flag = "^--lattice-scorer-precision int8"
+    for other, message in ((tiny_model(1, 1, seed=19)[0].double(), r": quantizes a float32 model, this one is "
+                                                                     r"torch.float64 \(drop --fp16/--bf16\)$"),
+                           (tiny_model(1, 1, seed=19)[0].bfloat16(), r": quantizes a float32 model, this one is "
+                                                                       r"torch.bfloat16 \(drop --fp16/--bf16\)$"),
+                           (tiny_model(1, 1, seed=19)[0].to("meta"), r": fbgemm's int8 kernels run on the CPU only, "
+                                                                       r"the model is on meta \(add --cpu\)$")):
+        with pytest.raises(InputError, match=flag + message):
+            build(other, lattice_scorer_precision="int8")
+        with pytest.raises(ValueError, match=flag + message):
+            lattice_generator(other, d, tiny_table(d), k=6, precision="int8")
+    with pytest.raises(InputError, match=flag + " runs on the hoisted scorer: drop --lattice-no-hoist$"):
+        build(model, lattice_scorer_precision="int8", lattice_no_hoist=True)
+    with pytest.raises(InputError, match=flag + " runs on the hoisted scorer, .* drop --retain-dropout$"):
+        task = LatticeTranslationTask(LatticeTranslationConfig(lattice_table=path, lattice_scorer_precision="int8"),
+                                      d, d)
+        task.build_generator([model], argparse.Namespace(retain_dropout=True))
+    with pytest.raises(ValueError, match=flag + " runs on the hoisted scorer: drop --lattice-no-hoist$"):
+        lattice_generator(model, d, tiny_table(d), precision="int8", hoist=False)
+    with pytest.raises(ValueError, match="^--lattice-scorer-precision int4: choose one of fp32, int8$"):
+        lattice_generator(model, d, tiny_table(d), precision="int4")
+    sample = random_batch(d, 2, seed=20)
+    for module in model.decoder.modules():
+        if isinstance(module, FairseqDropout):
+            module.apply_during_inference = True
+    with pytest.raises(ValueError, match=flag + " runs on the hoisted scorer, which dropout kept at inference"):
+        generator.generate([model], sample)
+    for module in model.decoder.modules():
+        if isinstance(module, FairseqDropout):
+            module.apply_during_inference = False
+    generator.generate([model], sample)
+    model.double()  # the generator rebuilds its scorer for the new weights, and refuses them
+    with pytest.raises(ValueError, match=flag + ": quantizes a float32 model, this one is torch.float64"):
+        generator.generate([model], {"net_input": {key: value for key, value in sample["net_input"].items()}})
+
+
 def test_an_empty_source_still_gets_a_translation():
     model, d = tiny_model(1, layers=1)
     src = torch.tensor([[d.pad(), d.pad(), d.eos()], [d.index("w3"), d.index("w4"), d.eos()]])
@@ -790,6 +1007,15 @@ def test_recall_and_fairseq_generate_on_the_trained_model(lattice_trained, tmp_p
                                                                                           hoisted.split("\t"))
         assert (key_plain, text_plain) == (key_hoisted, text_hoisted)
         assert float(score_plain) == pytest.approx(float(score_hoisted), abs=1e-4)
+    # --lattice-scorer-precision int8: the trained scorer's feed-forward matrices as int8; about the same hypotheses
+    # and BLEU (int8 rounding moves the scores a little).
+    int8 = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16,
+                    "--lattice-scorer-precision", "int8", "--scoring", "sacrebleu")
+    assert len(hypotheses(int8.stdout)) == 40
+    int8_bleu = float(int8.stdout.strip().splitlines()[-1].split("BLEU = ")[1].split()[0])
+    same = sum(a.split("\t")[2] == b.split("\t")[2]
+               for a, b in zip(hypotheses(int8.stdout), hypotheses(batched.stdout), strict=True))
+    assert abs(int8_bleu - bleu) < 2 and same >= 30, (int8_bleu, bleu, same)
     # --nbest: the best paths of different lengths, best first.
     nbest = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16, "--nbest", 2)
     scores = {}
@@ -817,6 +1043,10 @@ def test_fairseq_interactive_decodes_with_the_lattice(lattice_trained):
     (["--lattice-table", "TABLE", "--no-repeat-ngram-size", 2], "--no-repeat-ngram-size: not supported with lattice"),
     (["--lattice-table", "TABLE", "--unkpen", 1], "--unkpen: not supported with lattice decoding"),
     (["--lattice-table", "TABLE", "--path", "BASELINE"], "decodes a lattice_transformer, not TransformerModel"),
+    (["--lattice-table", "TABLE", "--lattice-scorer-precision", "int8", "--fp16"],
+     "--lattice-scorer-precision int8: quantizes a float32 model, this one is torch.float16 (drop --fp16/--bf16)"),
+    (["--lattice-table", "TABLE", "--lattice-scorer-precision", "int8", "--lattice-no-hoist"],
+     "--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist"),
 ])
 def test_bad_generation_settings_are_clear_errors(lattice_trained, flags, message):
     flags = [lattice_trained["table"] if f == "TABLE" else lattice_trained["baseline"] if f == "BASELINE" else f

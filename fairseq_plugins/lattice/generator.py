@@ -3,11 +3,14 @@
 Per batch, with |x| the source length and L = round(slope * |x| + intercept) the table's length estimate:
   1. encoder    one call of the model's encoder;
   2. lattice    the top-K tokens of P(y_t | x, t) at t = 1 .. L + dL + 1 from the candidate table;
-  3. scoring    one call of the scorer on every (position, state) row: the log-probability of each of the
-                K candidates of position t, and of ending (EOS), given the state of the positions before;
-                normalised over the lattice (K candidates + EOS, the default) or over the vocabulary; the
-                scorer's per-vocabulary and per-sentence work hoisted out of the rows (HoistedLatticeScorer,
-                exact up to float rounding) unless ``hoist=False`` (--lattice-no-hoist);
+  3. scoring    one call of the scorer on every (position, state) row that can be on a path (the rows of states
+                impossible in every sentence of the batch, e.g. the K - 1 padding states at position 1, are
+                skipped): the log-probability of each of the K candidates of position t, and of ending (EOS),
+                given the state of the positions before; normalised over the lattice (K candidates + EOS, the
+                default) or over the vocabulary; the scorer's per-vocabulary and per-sentence work hoisted out
+                of the rows (HoistedLatticeScorer, exact up to float rounding) unless ``hoist=False``
+                (--lattice-no-hoist); its feed-forward matrices int8 with ``precision="int8"``
+                (--lattice-scorer-precision int8, quantized once, when the generator is built);
   4. Viterbi    the best path of every length L - dL .. L + dL at once, then fairseq's length normalisation.
 Phase times, decoder calls and the lattice recall of the references (when the batch has them) are kept
 for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
@@ -20,6 +23,7 @@ from typing import Dict
 import torch
 from torch import Tensor
 
+from ..candidates import PRECISIONS
 from ..common.generation import MethodGenerator
 from .ibm2 import CandidateTable, never_candidates
 from .model import HoistedLatticeScorer
@@ -36,7 +40,8 @@ class LatticeGenerator(MethodGenerator):
 
     def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
                  normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
-                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True):
+                 max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True,
+                 precision: str = "fp32"):
         if len(models) != 1:
             raise ValueError("lattice decoding takes one model (no ensembles)")
         if k < 1:
@@ -45,6 +50,10 @@ class LatticeGenerator(MethodGenerator):
             raise ValueError(f"--lattice-length-delta {length_delta}: must be >= 0")
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"--lattice-normalize {normalization}: choose one of {', '.join(NORMALIZATIONS)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"--lattice-scorer-precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        if precision == "int8" and not hoist:
+            raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist")
         self.model = models[0]
         self.scorer = self.model.decoder
         self.order = self.scorer.markov_order
@@ -59,7 +68,9 @@ class LatticeGenerator(MethodGenerator):
         self.nbest, self.lenpen, self.normalize_scores = nbest, lenpen, normalize_scores
         self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, max(1, min_len)
         self.hoist = hoist
-        self._hoisted = HoistedLatticeScorer(self.scorer) if hoist else None
+        self.precision = precision
+        # Built (the int8 matrices quantized) once here; again only if the weights change.
+        self._hoisted = HoistedLatticeScorer(self.scorer, precision) if hoist else None
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
@@ -76,7 +87,8 @@ class LatticeGenerator(MethodGenerator):
             for phase in PHASES:
                 stats[f"{phase}_ms_per_sentence"] = 1000 * stats[f"{phase}_seconds"] / stats["sentences"]
         stats.update(k=self.k, length_delta=self.length_delta, normalization=self.normalization,
-                     markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist)
+                     markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist,
+                     scorer_precision=self.precision)
         return stats
 
     def _log_summary(self) -> None:
@@ -145,10 +157,32 @@ class LatticeGenerator(MethodGenerator):
         """The scorer's ``window_features``: hoisted (the tables rebuilt if the weights changed since) unless
         --lattice-no-hoist, or unless the hoisting would not be exact (dropout kept at inference)."""
         if not self.hoist or not HoistedLatticeScorer.exact_for(self.scorer):
+            if self.precision == "int8":
+                raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
+                                 "inference (--retain-dropout) turns off")
             return self.scorer.window_features
         if not self._hoisted.matches(self.scorer):
-            self._hoisted = HoistedLatticeScorer(self.scorer)
+            self._hoisted = HoistedLatticeScorer(self.scorer, self.precision)
         return self._hoisted.window_features
+
+    @staticmethod
+    def _possible_features(window_features, window_tokens: Tensor, window_positions: Tensor, state_valid: Tensor,
+                           encoder_out) -> Tensor:
+        """(batch, rows, dim) features of the (batch, rows, order) windows, computed only for the rows whose
+        state is possible in some sentence of the batch; the others (e.g. the K - 1 padding states at position
+        1, 1/(L + dL + 1) of the rows at order 1) are zeros, and their scores are masked to -inf afterwards like
+        any impossible state's. Every row is computed on its own, so the kept rows' features are those of the
+        full call (bit for bit in the tests)."""
+        batch, rows, order = window_tokens.shape
+        keep = state_valid.view(batch, rows).any(dim=0)
+        if bool(keep.all()):
+            return window_features(window_tokens, window_positions, encoder_out)
+        kept = keep.nonzero().squeeze(1)
+        computed = window_features(window_tokens.index_select(1, kept), window_positions.index_select(1, kept),
+                                   encoder_out)
+        features = computed.new_zeros(batch, rows, computed.size(-1))
+        features[:, kept] = computed
+        return features
 
     def _edge_scores(self, features: Tensor, next_tokens: Tensor, next_valid: Tensor):
         """Log-probabilities of the next position's candidates and of EOS for every row."""
@@ -186,8 +220,9 @@ class LatticeGenerator(MethodGenerator):
 
         window_tokens, window_positions, state_valid = self._states(lattice_tokens, lattice_valid, positions)
         batch, rows, states, order = window_tokens.shape
-        features = window_features(window_tokens.view(batch, rows * states, order),
-                                   window_positions.reshape(batch, rows * states, order), encoder_out)
+        features = self._possible_features(window_features, window_tokens.view(batch, rows * states, order),
+                                           window_positions.reshape(batch, rows * states, order), state_valid,
+                                           encoder_out)
         features = features.view(batch, rows, states, -1)
         candidate_scores, eos_scores = self._edge_scores(features, lattice_tokens[:, :rows], lattice_valid[:, :rows])
         impossible = ~state_valid

@@ -13,11 +13,12 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..candidates import PRECISIONS
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from .generator import NORMALIZATIONS, LatticeGenerator
 from .ibm2 import CandidateTable
-from .model import LatticeTransformerModel
+from .model import LatticeTransformerModel, scorer_int8_unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,13 @@ class LatticeTranslationConfig(TranslationConfig):
                           "inference path (per-vocabulary and per-position tables of the first layer, the "
                           "cross-attention output projection folded into the memory once per sentence): the "
                           "same scores up to float rounding, slower; for checking"},
+    )
+    lattice_scorer_precision: ChoiceEnum(list(PRECISIONS)) = field(
+        default="fp32",
+        metadata={"help": "precision of the scorer's feed-forward matrices (fc1, fc2 of every scorer layer; most of "
+                          "the scoring time): fp32, or int8 weights with per-row activation scales (fbgemm, CPU and "
+                          "float32 models only; quantized once when the generator is built; scores move by int8 "
+                          "rounding). Runs on the hoisted scorer (not with --lattice-no-hoist or --retain-dropout)"},
     )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
@@ -86,11 +94,22 @@ class LatticeTranslationTask(TranslationTask):
             "--temperature": getattr(args, "temperature", 1.0) != 1.0,
         })
         device = next(models[0].parameters()).device
+        precision = str(self.cfg.lattice_scorer_precision)
+        if precision == "int8":
+            if self.cfg.lattice_no_hoist:
+                raise InputError("--lattice-scorer-precision int8 runs on the hoisted scorer: "
+                                 "drop --lattice-no-hoist")
+            if getattr(args, "retain_dropout", False):
+                raise InputError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
+                                 "inference turns off: drop --retain-dropout")
+            reason = scorer_int8_unsupported_reason(models[0].decoder)
+            if reason is not None:
+                raise InputError(f"--lattice-scorer-precision int8: {reason}")
         return LatticeGenerator(
             models, self.target_dictionary, self.candidate_table().to(device), k=self.cfg.lattice_k,
             length_delta=self.cfg.lattice_length_delta, normalization=str(self.cfg.lattice_normalize),
             nbest=getattr(args, "nbest", 1), lenpen=getattr(args, "lenpen", 1.0),
             normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
             max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
-            hoist=not self.cfg.lattice_no_hoist,
+            hoist=not self.cfg.lattice_no_hoist, precision=precision,
         )
