@@ -10,6 +10,9 @@
 #                  its training source at beam 5; OUT/tok/train.{en,de} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
 #                  when OUT/bin is there; uses $USER_DIR and record.
+#   average_last_epochs DIR N OUT
+#                  fairseq-plugins average-checkpoints of DIR's last N epoch checkpoints (fewer when a training
+#                  stopped sooner, e.g. by patience) into OUT; the checkpoint records which it averaged
 #   shared_distill BASE
 #                  the beam-5 distilled training set the recipes share (rnn_fc, lattice, blockwise): $DISTILL if
 #                  set, else distill/beam5 beside BASE
@@ -56,6 +59,13 @@ distill_training_set() {
     --destdir "$out/bin.tmp" --workers 2
   for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
   rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"
+}
+
+average_last_epochs() {
+  local kept
+  kept=$(find "$1" -maxdepth 1 -regex '.*/checkpoint[0-9]+\.pt' | wc -l)
+  record fairseq-plugins average-checkpoints --inputs "$1" --num-epoch-checkpoints $(( kept < $2 ? kept : $2 )) \
+    --output "$3"
 }
 
 shared_distill() { echo "${DISTILL:-$(dirname "$1")/distill/beam5}"; }

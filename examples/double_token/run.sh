@@ -52,7 +52,6 @@ system_flags() {  # the task flags of system ORDER-N
   esac
 }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
-epoch_checkpoints() { find "$WORK/$1/checkpoints" -maxdepth 1 -regex '.*/checkpoint[0-9]+\.pt' | wc -l; }
 
 if stage train; then
   for system in $SYSTEMS; do
@@ -72,10 +71,7 @@ fi
 
 if stage average; then
   for system in $SYSTEMS; do
-    # A system that plateaued within AVERAGE epochs (patience) is averaged over the epochs it kept.
-    count=$(epoch_checkpoints "$system")
-    record fairseq-plugins average-checkpoints --inputs "$WORK/$system/checkpoints" \
-      --num-epoch-checkpoints $(( count < AVERAGE ? count : AVERAGE )) --output "$(checkpoint "$system")"
+    average_last_epochs "$WORK/$system/checkpoints" "$AVERAGE" "$(checkpoint "$system")"
   done
 fi
 

@@ -102,9 +102,9 @@ EOF
     [[ -f $BASE/data/prepare.json ]] || fail "$BASE/data: no prepared data (run examples/baseline/run.sh with" \
       "STAGES=prepare here and carry $BASE/data)"
     mkdir -p "$BASE"
-    STAGES="train evaluate" examples/baseline/run.sh "$BASE/data/raw" "$BASE" 2>&1 | tee "$BASE/train.log" \
-      | grep -E "valid on|beam [0-9]|done training|Error|error" || true
-    [[ -f $BASE/checkpoints/checkpoint_best.pt ]] || fail "baseline training wrote no checkpoint (see $BASE/train.log)"
+    STAGES="train evaluate" examples/baseline/run.sh "$BASE/data/raw" "$BASE" > "$BASE/train.log" 2>&1 \
+      || fail "the baseline recipe failed: $(tail -1 "$BASE/train.log") (see $BASE/train.log)"
+    grep -E "valid on|^beam [0-9]|done training" "$BASE/train.log" | cut -c1-160
     # shellcheck source=examples/common.sh
     source "$KIT/../common.sh"
     USER_DIR=$(fairseq-plugins user-dir)
@@ -146,12 +146,17 @@ EOF
       echo "${job%:*}: $status; $(grep -E "valid on" "$WORK/gpu/${job%:*}.log" | tail -1 | cut -c1-160)"
     done
     # Decoding needs each system's average of its last epochs (double_token, rnn_fc) or its best (lattice).
-    [[ " ${METHODS:-double_token rnn_fc lattice} " == *" double_token "* ]] && \
+    if [[ " ${METHODS:-double_token rnn_fc lattice} " == *" double_token "* ]]; then
       SYSTEMS="${DOUBLE_TOKEN_SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}" STAGES="average evaluate" \
-      examples/double_token/run.sh "$BASE" "$WORK/double_token" 2>&1 | grep -E "beam|rror" || true
-    [[ " ${METHODS:-double_token rnn_fc lattice} " == *" rnn_fc "* ]] && \
+        examples/double_token/run.sh "$BASE" "$WORK/double_token" > "$WORK/gpu/double_token-evaluate.log" 2>&1 \
+        || { echo "double_token average/evaluate: FAILED (see $WORK/gpu/double_token-evaluate.log)"; failed=1; }
+      grep -E "beam [0-9]+:" "$WORK/gpu/double_token-evaluate.log" || true
+    fi
+    if [[ " ${METHODS:-double_token rnn_fc lattice} " == *" rnn_fc "* ]]; then
       SYSTEMS="${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}" STAGES=average \
-      examples/rnn_fc/run.sh "$BASE" "$WORK/rnn_fc" 2>&1 | grep -E "rror" || true
+        examples/rnn_fc/run.sh "$BASE" "$WORK/rnn_fc" > "$WORK/gpu/rnn_fc-average.log" 2>&1 \
+        || { echo "rnn_fc average: FAILED (see $WORK/gpu/rnn_fc-average.log)"; failed=1; }
+    fi
     exit $failed ;;
 
   bench)
@@ -199,7 +204,7 @@ EOF
           bench_grid blockwise "$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 \
             --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" || failed=1 ;;
         rnn_fc)  # fp32 (its int8 runs on the CPU only), beam 6, against the stock generator on the same model
-          bench_grid rnn_fc "$WORK/rnn_fc/fc4-tanh/checkpoints/checkpoint_avg5.pt" --method rnn_fc --beam 6 \
+          bench_grid rnn_fc "$WORK/rnn_fc/fc4-tanh/checkpoints/checkpoint_avg.pt" --method rnn_fc --beam 6 \
             || failed=1 ;;
         *) fail "BENCH_METHODS: unknown method $method (baseline fast_step double_token lattice blockwise rnn_fc)" ;;
       esac

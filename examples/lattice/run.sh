@@ -15,6 +15,8 @@
 #              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
 #   ks       : the same for distill-1 at each K of KS (paper Table 2)
 #   layers   : distill-1, -2, -3 after LAYERS_EPOCH (3) epochs each: BLEU and a bench row (paper Table 3)
+#   fast     : distill-1 at each K of FAST_KS (32 64) x scorer precision of FAST_PRECISIONS (fp32 int8): whole-test
+#              BLEU and a bench row each -> RESULTS/lattice_fast.json
 #   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
@@ -29,7 +31,7 @@
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/lattice}
-STAGES=${STAGES:-distill align table train evaluate bench ks layers summary}
+STAGES=${STAGES:-distill align table train evaluate bench ks layers fast summary}
 SYSTEMS=${SYSTEMS:-raw-1 distill-1 distill-2 distill-3}
 EPOCHS=${EPOCHS:-6}
 LAYERS_EPOCH=${LAYERS_EPOCH:-3}
@@ -163,6 +165,29 @@ if stage layers; then
     fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
     sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
     bench_against_baseline "$system" "$path" "$system epoch $LAYERS_EPOCH" "$json.tmp"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage fast; then
+  # The latency settings on distill-1: K x scorer precision (hoisting is on by default), each with its
+  # whole-test BLEU (fairseq-generate) and a bench row against the baseline at beam 5.
+  json=$RESULTS/lattice_fast.json
+  rm -f "$json.tmp"
+  for k in ${FAST_KS:-32 64}; do
+    for precision in ${FAST_PRECISIONS:-fp32 int8}; do
+      flags=(--lattice-k "$k" --lattice-scorer-precision "$precision")
+      out=$WORK/distill-1/generate.k$k.$precision.out
+      # shellcheck disable=SC2046
+      record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags distill-1) "${flags[@]}" \
+        --path "$(checkpoint distill-1)" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
+        > "$out.tmp"
+      mv "$out.tmp" "$out"
+      fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
+      sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
+      echo "distill-1 K=$k $precision: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
+      bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 K=$k $precision" "$json.tmp" "${flags[@]}"
+    done
   done
   mv "$json.tmp" "$json"
 fi

@@ -11,7 +11,8 @@
 #                 fc4-gru   a GRU top layer instead of FC-tanh
 #                 fc8-tanh  8 FC-ReLU layers
 #               LAYOUT (residual) is the FC stack's layout: residual (pre-norm blocks, our fix) or paper
-#   average   : each system's last AVERAGE epoch checkpoints averaged -> checkpoint_avgN.pt, the one every
+#   average   : each system's last AVERAGE epoch checkpoints (fewer if it stopped sooner) averaged ->
+#               checkpoint_avg.pt, the one every
 #               later stage decodes
 #   align     : fairseq-plugins align --lexical-table of the training pieces (systran-align)
 #   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the 100 most frequent pieces
@@ -58,7 +59,7 @@ DISTILL=$(shared_distill "$BASE")
 
 fc_layers() { local name=${1#fc}; echo "${name%-*}"; }    # fc4-tanh -> 4
 top_layer() { echo "${1#*-}"; }                          # fc4-tanh -> tanh
-checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg$AVERAGE.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
 train_bin() { if [[ $TRAIN_ON == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"; fi; }
 
 if stage distill && [[ $TRAIN_ON == distill ]]; then
@@ -82,8 +83,7 @@ fi
 
 if stage average; then
   for system in $SYSTEMS; do
-    record fairseq-plugins average-checkpoints --inputs "$WORK/$system/checkpoints" \
-      --num-epoch-checkpoints "$AVERAGE" --output "$(checkpoint "$system")"
+    average_last_epochs "$WORK/$system/checkpoints" "$AVERAGE" "$(checkpoint "$system")"
   done
 fi
 
