@@ -194,6 +194,6 @@ fi
 
 if stage summary; then
   python "$(dirname "$0")/summarize.py" --work "$WORK" --systems $SYSTEMS --bench "$RESULTS/lattice.json" \
-    --ks "$RESULTS/lattice_k.json" --layers "$RESULTS/lattice_layers.json" --layers-epoch "$LAYERS_EPOCH" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
+    --ks "$RESULTS/lattice_k.json" --fast "$RESULTS/lattice_fast.json" --layers "$RESULTS/lattice_layers.json" --layers-epoch "$LAYERS_EPOCH" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
     --out "$RESULTS/lattice_summary"
 fi

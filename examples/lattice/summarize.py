@@ -43,6 +43,7 @@ def main():
     p.add_argument("--bench", required=True, help="bench JSON of stage bench")
     p.add_argument("--ks", help="bench JSON of stage ks")
     p.add_argument("--layers", help="bench JSON of stage layers")
+    p.add_argument("--fast", help="bench JSON of stage fast (distill-1 at K x scorer precision)")
     p.add_argument("--layers-epoch", type=int, default=3, help="the epoch stage layers compared")
     p.add_argument("--recall", nargs="*", default=[], help="lattice-recall JSONs")
     p.add_argument("--commands", required=True)
@@ -83,6 +84,17 @@ def main():
                 row["bleu"] = json.load(f)["score"]
             row["bleu_gap_vs_baseline_beam5"] = round(baseline_bleu - row["bleu"], 2)
             layers.append(row)
+    fast = []
+    if args.fast and os.path.exists(args.fast):
+        for r in report.load_results(args.fast):
+            system, k, precision = r["label"].split()  # "distill-1 K=32 int8"
+            row = {**bench_row(r), "scorer_precision": precision}
+            out = os.path.join(args.work, system, f"generate.k{k[2:]}.{precision}.out.bleu.json")
+            with open(out, encoding="utf-8") as f:
+                bleu = json.load(f)
+            row.update({"bleu": bleu["score"], "bleu_verbose": bleu["verbose_score"],
+                        "bleu_gap_vs_baseline_beam5": round(baseline_bleu - bleu["score"], 2)})
+            fast.append(row)
     recall = {}
     for path in args.recall:
         with open(path, encoding="utf-8") as f:
@@ -105,6 +117,7 @@ def main():
         "other_settings": extra,
         "k_sweep": ks,
         "scorer_layers_at_equal_epochs": layers,
+        "latency_settings": fast,
         "lattice_recall_test": recall,
         "commands": report.read_provenance([args.commands]),
     }
@@ -134,6 +147,15 @@ def main():
                          f"{report.speed_cell(row)} | {row['latency_ms_p50']} | {row['baseline_latency_ms_p50']} | "
                          f"{row['lattice_recall']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
         lines += report.flag_note_lines([(row["label"], row) for row in rows])
+    if fast:
+        lines += ["", "## Latency settings (distill-1: K x scorer precision, hoisted scorer)", "",
+                  "| setting | BLEU (whole test) | gap | precisions, BP, ratio | speed ratio (min-max) | latency ms | "
+                  "baseline ms | encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|"]
+        for row in fast:
+            lines.append(f"| {row['label']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
+                         f"{row['bleu_verbose']} | {report.speed_cell(row)} | {row['latency_ms_p50']} | "
+                         f"{row['baseline_latency_ms_p50']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
+        lines += report.flag_note_lines([(row["label"], row) for row in fast])
     if layers:
         lines += ["", f"## Scorer layers after {args.layers_epoch} epochs each (distilled targets; paper Table 3)", "",
                   "| setting | BLEU (whole test) | gap | speed ratio (min-max) | latency ms | baseline ms | "
