@@ -161,3 +161,34 @@ def trained(prepared, tmp_path_factory):
         "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir,
         env={"OMP_NUM_THREADS": TRAIN_THREADS})
     return {"data": prepared, "save_dir": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
+
+
+def incremental_and_full(model, dictionary, device, per_step=1):
+    """A copy of ``model`` on ``device``: the decoder's outputs for random prefixes fed ``per_step`` tokens a
+    call through fairseq's incremental state (two sentences, two beams each, reordered after the first step as
+    beam search reorders them), and the full forward pass over the reordered prefixes; both on the CPU."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model).to(device)
+    batch = on_device(random_batch(dictionary, bsz=2), device)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (4, 8), generator=torch.Generator().manual_seed(1))
+    prev[:, :per_step] = dictionary.eos()
+    prev = prev.to(device)
+    reorder = torch.tensor([1, 1, 3, 2], device=device)  # beam 1 of sentence 0 replaces beam 0; sentence 1 swaps
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(batch["net_input"])
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1], device=device))
+        state, steps = {}, []
+        for end in range(per_step, prev.size(1) + 1, per_step):
+            if end == 2 * per_step:
+                model.decoder.reorder_incremental_state_scripting(state, reorder)
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, reorder)
+                prev = prev[reorder]
+                steps = [step[reorder] for step in steps]
+            logits, _ = model.decoder(prev[:, :end], encoder_out=encoder_out, incremental_state=state)
+            assert logits.size(1) == per_step
+            steps.append(logits)
+        full, _ = model.decoder(prev, encoder_out=encoder_out)
+    return torch.cat(steps, dim=1).cpu(), full.cpu()

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import (TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, incremental_and_full, plugins_cli, random_batch, run,
+                      word_dictionary)
 from fairseq_plugins.double_token.folding import FoldedTargetDataset, fold, unfold, unfold_indices
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
 from fairseq_plugins.double_token.model import DoubleTokenTransformerModel, double_token_transformer_tiny
@@ -122,29 +123,9 @@ def test_step_mask_lets_both_slots_of_a_step_see_each_other_and_nothing_later():
 @pytest.mark.parametrize("order, per_step", SYSTEMS)
 def test_incremental_decoding_with_a_reordered_cache_equals_the_full_forward_pass(order, per_step):
     model, dictionary, _ = random_model(order, per_step)
-    batch = random_batch(dictionary, bsz=2)
-    g = torch.Generator().manual_seed(1)
-    prev = torch.randint(dictionary.nspecial, len(dictionary), (4, 8), generator=g)
-    prev[:, :per_step] = dictionary.eos()
-    # Two sentences with two beams each (beams of a sentence share its encoder output, as in beam search).
-    encoder_out = model.encoder.forward_torchscript(batch["net_input"])
-    encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1]))
-    # Mid-sequence the beams are reordered: beam 1 of sentence 0 replaces its beam 0; sentence 1's swap.
-    order_after_first = torch.tensor([1, 1, 3, 2])
-    with torch.no_grad():
-        state = {}
-        steps = []
-        for end in range(per_step, prev.size(1) + 1, per_step):
-            if end == 2 * per_step:
-                model.decoder.reorder_incremental_state_scripting(state, order_after_first)
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order_after_first)
-                prev = prev[order_after_first]
-                steps = [s[order_after_first] for s in steps]
-            logits, _ = model.decoder(prev[:, :end], encoder_out=encoder_out, incremental_state=state)
-            assert logits.shape[1] == per_step
-            steps.append(logits)
-        full, _ = model.decoder(prev, encoder_out=encoder_out)
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
+    # Two sentences with two beams each, reordered mid-sequence as beam search reorders them.
+    incremental, full = incremental_and_full(model, dictionary, "cpu", per_step)
+    assert (incremental - full).abs().max() < 1e-5
 
 
 def test_future_pairs_never_change_earlier_outputs():

@@ -93,11 +93,15 @@ def assert_scores_are_the_models(hypotheses, model, sample, eos):
 
 # --- the baseline transformer and the fast step --------------------------------------------------------------
 
-def test_baseline_beam_search_decodes_a_bfloat16_transformer():
+@pytest.mark.parametrize("search", [
+    lambda m, d: SequenceGenerator([m], d, beam_size=4, max_len_b=MAX_LEN),
+    lambda m, d: RnnFcGenerator([m], d, beam=4, max_len_b=MAX_LEN),  # rnn_fc's search over any fairseq model
+], ids=["fairseq's beam search", "rnn_fc's search"])
+def test_beam_search_decodes_a_bfloat16_transformer(search):
+    """The baseline transformer in bfloat16, through fairseq's generator and through rnn_fc's generic search."""
     dictionary = word_dictionary()
     model, sample = random_transformer(dictionary), random_batch(dictionary, bsz=4)
-    hypotheses = decode_in_bfloat16(lambda m: SequenceGenerator([m], dictionary, beam_size=4, max_len_b=MAX_LEN),
-                                    model, sample)
+    hypotheses = decode_in_bfloat16(lambda m: search(m, dictionary), model, sample)
     assert_well_formed(hypotheses, dictionary, 4)
     assert_scores_are_the_models(hypotheses, model, sample, dictionary.eos())
 
@@ -182,16 +186,6 @@ def test_rnn_fc_fp32_path_decodes_a_bfloat16_model(top, speedups):
     hypotheses = decode_in_bfloat16(
         lambda m: RnnFcGenerator([m], dictionary, beam=4, speedups=speedups, max_len_b=MAX_LEN, nbest=2),
         model, sample)
-    assert_well_formed(hypotheses, dictionary, 4)
-    assert_scores_are_the_models(hypotheses, model, sample, dictionary.eos())
-
-
-def test_rnn_fc_generic_path_decodes_a_bfloat16_transformer():
-    """rnn_fc's search over any fairseq model (the baseline transformer here) in bfloat16."""
-    dictionary = word_dictionary()
-    model, sample = random_transformer(dictionary), random_batch(dictionary, bsz=4)
-    hypotheses = decode_in_bfloat16(lambda m: RnnFcGenerator([m], dictionary, beam=4, max_len_b=MAX_LEN),
-                                    model, sample)
     assert_well_formed(hypotheses, dictionary, 4)
     assert_scores_are_the_models(hypotheses, model, sample, dictionary.eos())
 
