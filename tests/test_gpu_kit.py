@@ -33,8 +33,10 @@ def test_the_dry_run_runs_every_stage_on_the_cpu(tmp_path):
                           capture_output=True, text=True, env=kit_env(), cwd=REPO, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "dry run: every stage ran" in proc.stdout
+    from fairseq_plugins.bench.report import load_results
+
     for method in ("baseline", "fast_step", "double_token", "rnn_fc"):
-        rows = json.load(open(work / "results" / f"{method}.json"))["results"]
+        rows = load_results(str(work / "results" / f"{method}.json"))
         labels = {row["label"] for row in rows}
         assert labels == {f"{method} batch 1 fp32", f"{method} batch 4 fp32"}, labels
         assert all(row["device_type"] == "cpu" for row in rows)
