@@ -167,7 +167,7 @@ EOF
       local name=$1 model=$2 batch precision
       shift 2
       if [[ ! -f $model ]]; then echo "bench $name: skipped, no model at $model (stage train)"; return 0; fi
-      rm -f "$RESULTS/$name.json.tmp"
+      rm -f "$RESULTS/$name.json.tmp" "$WORK/gpu/bench-$name.log"
       for batch in ${BATCHES:-1 64}; do
         for precision in ${PRECISIONS:-fp32 fp16}; do
           [[ $DEVICE == cpu && $precision == fp16 ]] && continue  # fairseq's fp16 decoding needs CUDA
@@ -175,7 +175,7 @@ EOF
             --batch-size "$batch" --runs "${BENCH_RUNS:-3}" --limit "${BENCH_LIMIT:-200}" \
             --label "$name batch $batch $precision" $([[ $precision == fp16 ]] && echo --fp16) \
             --provenance "$BASE/commands.txt" --json "$RESULTS/$name.json.tmp" --append "$@" \
-            2> "$WORK/gpu/bench-$name.log" || { echo "bench $name batch $batch $precision: FAILED" \
+            2>> "$WORK/gpu/bench-$name.log" || { echo "bench $name batch $batch $precision: FAILED" \
             "(see $WORK/gpu/bench-$name.log)"; return 1; }
         done
       done
@@ -186,7 +186,7 @@ EOF
     failed=0
     for method in ${BENCH_METHODS:-baseline fast_step double_token lattice blockwise rnn_fc}; do
       case $method in
-        baseline)  # the stock generator against itself: the device's absolute speed at beam 5 and greedy
+        baseline)  # the stock generator against itself: the device's absolute speed at beam 5
           bench_grid baseline "$BASE/checkpoints/checkpoint_best.pt" --method baseline --beam 5 || failed=1 ;;
         fast_step)
           bench_grid fast_step "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 \
