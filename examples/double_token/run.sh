@@ -25,7 +25,10 @@
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench stage), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
-#        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
+#        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), TRAIN_ON (raw: the references; distill: the
+#        baseline's beam-5 translations, DISTILL or distill/beam5 beside BASELINE_WORK, examples/lattice's distill
+#        stage), INIT_WORK (a double-token work dir: each system starts from its checkpoint_avg.pt there,
+#        --finetune-from-model, instead of the baseline), GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
 BASE=${1:-work/baseline}
@@ -39,6 +42,10 @@ AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-10}
 GEN_FLAGS=${GEN_FLAGS:---max-len-a 1.2 --max-len-b 10}
 BENCH_BATCHES=${BENCH_BATCHES:-1 32}
+TRAIN_ON=${TRAIN_ON:-raw}
+INIT_WORK=${INIT_WORK:-}
+case $TRAIN_ON in raw|distill) ;; *) echo "TRAIN_ON=$TRAIN_ON: choose raw or distill" >&2; exit 2 ;; esac
+[[ -z $INIT_WORK || -d $INIT_WORK ]] || { echo "INIT_WORK=$INIT_WORK: no such directory" >&2; exit 2; }
 RESULTS=${RESULTS:-docs/results}
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
@@ -52,14 +59,18 @@ system_flags() {  # the task flags of system ORDER-N
   esac
 }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
+train_bin() { if [[ $TRAIN_ON == distill ]]; then echo "$(shared_distill "$BASE")/bin"; else echo "$DATA/bin"; fi; }
+init_flags() {  # SYSTEM: where its weights start (fairseq applies either only when no checkpoint_last.pt exists)
+  if [[ -n $INIT_WORK ]]; then echo "--finetune-from-model $INIT_WORK/$1/checkpoints/checkpoint_avg.pt"
+  else echo "--double-token-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"; fi
+}
 
 if stage train; then
   for system in $SYSTEMS; do
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the system's flags and TRAIN_FLAGS is intended
-    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") \
-      --source-lang en --target-lang de --arch double_token_transformer_multi30k \
-      --double-token-base-checkpoint "$BASE/checkpoints/checkpoint_best.pt" \
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(system_flags "$system") \
+      --source-lang en --target-lang de --arch double_token_transformer_multi30k $(init_flags "$system") \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
