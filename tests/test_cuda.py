@@ -230,7 +230,8 @@ def build_rnn_fc_int8_generator(device):
 
 def test_rnn_fc_int8_refuses_a_cuda_model_with_its_message():
     """--rnn-fc-precision int8 (fbgemm, CPU only) with a model on the GPU: the task says to add --cpu."""
-    with pytest.raises(InputError, match=r"^--rnn-fc-precision int8: .*run on the CPU only \(add --cpu\)$"):
+    with pytest.raises(InputError, match=r"^--rnn-fc-precision int8: fbgemm's int8 kernels run on the CPU only, "
+                                              r"the model is on cuda:\d+ \(add --cpu\)$"):
         build_rnn_fc_int8_generator(CUDA)
 
 
@@ -243,7 +244,8 @@ def test_fast_step_int8_refuses_a_cuda_model_with_its_message():
     """--fast-step --fast-step-precision int8 with a model on the GPU: the task says to add --cpu."""
     task, dictionary = fast_step_task(fast_step=True, fast_step_precision="int8")
     model = random_transformer(dictionary).to(CUDA)
-    with pytest.raises(InputError, match=r"^--fast-step-precision int8: .*run on the CPU only \(add --cpu\)$"):
+    with pytest.raises(InputError, match=r"^--fast-step-precision int8: the int8 kernels run on the CPU only, "
+                                              r"the model is on cuda:\d+ \(add --cpu\)$"):
         task.build_generator([model], argparse.Namespace(beam=4))
 
 

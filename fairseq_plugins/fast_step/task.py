@@ -10,8 +10,6 @@ translation. Any model trained with ``--task translation`` (the baseline) decode
 
 from dataclasses import dataclass, field
 
-import torch
-
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -19,7 +17,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..candidates import PRECISIONS, TaskCandidateLists
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
-from ..int8 import int8_encoder_unsupported_reason
+from ..int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
 from .engine import unsupported_reason
 from .generator import FastStepEarlyStoppingGenerator, FastStepSequenceGenerator
 
@@ -43,13 +41,9 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
     reason = unsupported_reason(model.decoder, features_only)
     if reason is not None:
         raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
-    device = next(model.parameters()).device
-    if precision == "int8" and device.type != "cpu":
-        raise InputError("--fast-step-precision int8: the int8 kernels run on the CPU only (add --cpu)")
-    dtype = next(model.parameters()).dtype
-    if precision == "int8" and dtype != torch.float32:
-        raise InputError(f"--fast-step-precision int8: quantizes a float32 model, this one is {dtype} "
-                         "(drop --fp16/--bf16)")
+    reason = int8_model_unsupported_reason(model) if precision == "int8" else None
+    if reason is not None:
+        raise InputError(f"--fast-step-precision int8: {reason}")
     reason = int8_encoder_unsupported_reason(model.encoder) if precision == "int8" else None
     if reason is not None:
         raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")

@@ -16,7 +16,7 @@ Registers nothing; used by the fast step (``--fast-step-precision int8``) and rn
 """
 
 from .linear import (Int8EncoderSelfAttention, Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_encoder,
-                     int8_encoder_unsupported_reason, int8_module_names)
+                     int8_encoder_unsupported_reason, int8_model_unsupported_reason, int8_module_names)
 
 __all__ = ["Int8EncoderSelfAttention", "Int8GRU", "Int8Linear", "Int8Matrix", "int8_copy", "int8_encoder",
-           "int8_encoder_unsupported_reason", "int8_module_names"]
+           "int8_encoder_unsupported_reason", "int8_model_unsupported_reason", "int8_module_names"]

@@ -192,6 +192,18 @@ class Int8EncoderSelfAttention(nn.Module):
         return self.out(context.permute(2, 0, 1, 3).reshape(length, batch, dim)), None
 
 
+def int8_model_unsupported_reason(model: nn.Module, kernels: str = "the int8 kernels") -> Optional[str]:
+    """Why ``model``'s matrices cannot be made int8 (they are quantized from float32 CPU weights), or None."""
+    parameters = list(model.parameters())
+    devices = sorted({str(p.device) for p in parameters})
+    if devices != ["cpu"]:
+        return f"{kernels} run on the CPU only, the model is on {', '.join(devices)} (add --cpu)"
+    dtypes = sorted({str(p.dtype) for p in parameters})
+    if dtypes != ["torch.float32"]:
+        return f"quantizes a float32 model, this one is {', '.join(dtypes)} (drop --fp16/--bf16)"
+    return None
+
+
 def int8_encoder_unsupported_reason(encoder: nn.Module) -> Optional[str]:
     """Why ``int8_encoder`` cannot convert ``encoder``, or None when it can."""
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase

@@ -35,7 +35,7 @@ from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 from ..baseline.model import _default, baseline_transformer_multi30k, baseline_transformer_tiny
 from ..candidates import PRECISIONS
 from ..common.warm_start import warm_start
-from ..int8 import Int8Matrix
+from ..int8 import Int8Matrix, int8_model_unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,9 @@ INT8_BACKEND = "fbgemm"
 
 def scorer_int8_unsupported_reason(scorer: "LatticeScorer") -> Optional[str]:
     """Why the scorer's feed-forward matrices cannot run as int8, or None when they can."""
-    parameters = list(scorer.parameters())
-    devices = sorted({str(p.device) for p in parameters})
-    if devices != ["cpu"]:
-        return f"fbgemm's int8 kernels run on the CPU only, the model is on {', '.join(devices)} (add --cpu)"
-    dtypes = sorted({str(p.dtype) for p in parameters})
-    if dtypes != ["torch.float32"]:
-        return f"quantizes a float32 model, this one is {', '.join(dtypes)} (drop --fp16/--bf16)"
+    reason = int8_model_unsupported_reason(scorer, "fbgemm's int8 kernels")
+    if reason is not None:
+        return reason
     for index, layer in enumerate(scorer.layers):
         if not (type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear):
             return f"scorer layer {index}'s feed-forward block is not two nn.Linear layers"

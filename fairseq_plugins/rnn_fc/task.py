@@ -6,8 +6,6 @@ from it (``--task translation`` trains rnn_fc just as well).
 
 from dataclasses import dataclass, field
 
-import torch
-
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -16,6 +14,7 @@ from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from .generator import RnnFcGenerator
 from ..candidates import PRECISIONS, TaskCandidateLists
+from ..int8 import int8_model_unsupported_reason
 from .steppers import SPEEDUPS
 
 
@@ -84,12 +83,10 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
         except ValueError as e:
             raise InputError(str(e)) from None
         device = next(models[0].parameters()).device
-        if str(self.cfg.rnn_fc_precision) == "int8" and device.type != "cpu":
-            raise InputError("--rnn-fc-precision int8: fbgemm's int8 kernels run on the CPU only (add --cpu)")
-        dtype = next(models[0].parameters()).dtype
-        if str(self.cfg.rnn_fc_precision) == "int8" and dtype != torch.float32:
-            raise InputError(f"--rnn-fc-precision int8: quantizes a float32 model, this one is {dtype} "
-                             "(drop --fp16/--bf16)")
+        reason = (int8_model_unsupported_reason(models[0], "fbgemm's int8 kernels")
+                  if str(self.cfg.rnn_fc_precision) == "int8" else None)
+        if reason is not None:
+            raise InputError(f"--rnn-fc-precision int8: {reason}")
         shortlist = self.shortlist()
         return RnnFcGenerator(
             models, self.target_dictionary, beam=getattr(args, "beam", 6), speedups=speedups,
