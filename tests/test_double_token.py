@@ -128,6 +128,38 @@ def test_incremental_decoding_with_a_reordered_cache_equals_the_full_forward_pas
     assert (incremental - full).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["native layer", "torch operations"])
+@pytest.mark.parametrize("order", ["l2r", "r2l", "bidir"])
+def test_the_fast_steps_pairs_give_the_full_forward_passs_logits(order, fused):
+    """--fast-step: a step's pairs through FastDecoderStep.group_step(causal=False) (both slots of a hypothesis
+    see each other, as the step mask lets them) give the logits of the model's full forward pass, also after
+    beam search reorders the rows (two sentences with two beams each)."""
+    from fairseq_plugins import native
+    from fairseq_plugins.fast_step import FastDecoderStep
+
+    if fused and not native.available():
+        pytest.skip("the native kernels could not be built here")
+    model, dictionary, _ = random_model(order, 2)
+    batch = random_batch(dictionary, bsz=2)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (4, 8), generator=torch.Generator().manual_seed(1))
+    prev[:, :2] = dictionary.eos()
+    reorder = torch.tensor([1, 1, 3, 2])  # beam 1 of sentence 0 replaces beam 0; sentence 1 swaps
+    engine = FastDecoderStep(model.decoder, fused=fused)
+    assert (engine.native_layers is not None) == fused
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(batch["net_input"])
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1]))
+        engine.start(encoder_out, max_steps=3)  # 8 positions: the caches grow inside a pair
+        steps = []
+        for start in range(0, 8, 2):
+            if start == 4:
+                engine.reorder(reorder)
+                prev, steps = prev[reorder], [step[reorder] for step in steps]
+            steps.append(engine.logits(engine.group_step(prev[:, start:start + 2], causal=False)).view(4, 2, -1))
+        full, _ = model.decoder(prev, encoder_out=model.encoder.reorder_encoder_out(encoder_out, reorder))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=2e-5)
+
+
 def test_future_pairs_never_change_earlier_outputs():
     model, dictionary, _ = random_model()
     batch = random_batch(dictionary, bsz=2)
@@ -471,6 +503,65 @@ def test_trained_models_decode_natural_order_through_fairseq_generate(double_tok
     assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 40 * min(beam, 2)  # --nbest 2
 
 
+def hypotheses_and_scores(stdout):
+    """{sentence id: (hypothesis, score)} of fairseq-generate's H- lines."""
+    lines = [line.split("\t") for line in stdout.splitlines() if line.startswith("H-")]
+    return {fields[0]: (fields[2], float(fields[1])) for fields in lines}
+
+
+@pytest.mark.parametrize("system, flags", [
+    ("bidir", ["--beam", 1, "--batch-size", 1]),
+    ("bidir", ["--beam", 5, "--batch-size", 16]),
+    ("l2r", ["--token-order", "l2r", "--tokens-per-step", 1, "--beam", 5, "--batch-size", 16]),
+    ("r2l", ["--token-order", "r2l", "--tokens-per-step", 1, "--beam", 1, "--batch-size", 1]),
+])
+def test_fast_step_gives_the_stock_hypotheses_of_every_system(double_token_trained, system, flags):
+    """--fast-step in float32: on every test sentence the hypothesis of the model's own decoder, its score to
+    float rounding (two-token steps through group_step; one-token systems through the fast step's generator)."""
+    data, checkpoint = double_token_trained["data"], double_token_trained[system]
+    stock = hypotheses_and_scores(generate(data, checkpoint, *flags).stdout)
+    fast = hypotheses_and_scores(generate(data, checkpoint, *flags, "--fast-step").stdout)
+    assert len(stock) == 40 and fast.keys() == stock.keys()
+    assert all(fast[i][0] == stock[i][0] and abs(fast[i][1] - stock[i][1]) < 1e-4 for i in stock), \
+        [(stock[i], fast[i]) for i in stock if fast[i][0] != stock[i][0]][:3]
+
+
+def test_int8_pairs_of_a_row_do_not_depend_on_the_other_rows():
+    """--fast-step-precision int8 quantizes each slot's activations with its own scale: a hypothesis' pair
+    logits are the same decoded among other rows or alone (given the same encoder output)."""
+    from fairseq_plugins.fast_step import FastDecoderStep
+
+    model, dictionary, _ = random_model("bidir", 2)
+    batch = random_batch(dictionary, bsz=3)
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (3, 6), generator=torch.Generator().manual_seed(1))
+    engine = FastDecoderStep(model.decoder, "int8")
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(batch["net_input"])
+
+        def pairs(rows):
+            engine.start(model.encoder.reorder_encoder_out(encoder_out, rows))
+            return torch.stack([engine.logits(engine.group_step(prev[rows, s:s + 2], causal=False))
+                                for s in range(0, 6, 2)])
+
+        together = pairs(torch.arange(3))
+        alone = torch.cat([pairs(torch.tensor([row])) for row in range(3)], dim=1)
+        fp32 = FastDecoderStep(model.decoder)
+        fp32.start(encoder_out)
+        first = fp32.logits(fp32.group_step(prev[:, :2], causal=False))
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+    assert 0 < (together[0] - first).abs().max() < 0.5  # int8 arithmetic ran, close to float32's
+
+
+def test_int8_fast_step_decodes_mostly_float32s_hypotheses(double_token_trained):
+    data, checkpoint = double_token_trained["data"], double_token_trained["bidir"]
+    int8 = hypotheses_and_scores(generate(data, checkpoint, "--beam", 4, "--batch-size", 16, "--fast-step",
+                                          "--fast-step-precision", "int8").stdout)
+    fp32 = hypotheses_and_scores(generate(data, checkpoint, "--beam", 4, "--batch-size", 16).stdout)
+    assert len(fp32) == 40 and int8.keys() == fp32.keys()
+    assert sum(int8[i][0] == fp32[i][0] for i in fp32) >= 30  # 35 of 40 when written
+    assert any(int8[i][1] != fp32[i][1] for i in fp32)
+
+
 def test_fairseq_interactive_decodes_raw_lines_in_natural_order(double_token_trained):
     data = double_token_trained["data"]
     with open(os.path.join(data, "tok", "test.src"), encoding="utf-8") as f:
@@ -505,6 +596,9 @@ def test_eval_bleu_during_training_equals_fairseq_generate_on_the_same_checkpoin
     ("bidir", ["--sampling", "--beam", 2, "--nbest", 2], "--sampling: not supported with --tokens-per-step 2"),
     ("bidir", ["--left-candidates", -1], "--left-candidates -1: must be at least 1 (0: 2 x --beam)"),
     ("bidir:bidir", [], "--path: double-token decoding runs one model, not an ensemble"),
+    ("bidir:bidir", ["--fast-step"], "--fast-step: runs one model, not an ensemble (give one --path)"),
+    ("bidir", ["--fast-step-precision", "int8"],
+     "--fast-step-precision: only used with --fast-step (add it, or drop --fast-step-precision)"),
     *[("r2l", ["--token-order", "r2l", "--tokens-per-step", 1, *flag],
        "--prefix-size/--constraints/--print-alignment: not supported with --token-order r2l --tokens-per-step 1")
       for flag in (["--prefix-size", 1], ["--constraints"], ["--print-alignment"])],

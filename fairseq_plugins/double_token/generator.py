@@ -17,13 +17,17 @@ W = 1 is greedy decoding: the best pair is both slots' argmax. Scores are the mo
 every decoded token; a hypothesis' score is their sum, divided by (natural length + 1) ** lenpen like
 fairseq's (the +1 is the EOS, whose positional score is that of the EOD(s)).
 
+The decoder calls go through ``FairseqPairSteps`` (the model's own incremental decoder) or, with
+``--fast-step``, ``FastPairSteps``: each hypothesis' pair through ``FastDecoderStep.group_step`` (both slots as
+rows of one product per weight, each slot seeing the other), float32 or int8; the search is the same code.
+
 ``RightToLeftSequenceGenerator`` is fairseq's own beam search on a right-to-left model, its hypotheses
-reversed back to natural order.
+reversed back to natural order (``FastStepRightToLeftGenerator``: the same on the fast step).
 """
 
 import logging
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -32,6 +36,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from ..common.generation import MethodGenerator
 from ..common.step_rules import StepRules
+from ..fast_step.generator import FastStepSequenceGenerator, fast_step_parts
 from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)
@@ -59,13 +64,69 @@ class RightToLeftSequenceGenerator(SequenceGenerator):
         return finalized
 
 
+class FastStepRightToLeftGenerator(RightToLeftSequenceGenerator, FastStepSequenceGenerator):
+    """Single-token R2L on the fast step: fairseq's search over ``FastDecoderStep``, outputs reversed back."""
+
+
+class FairseqPairSteps:
+    """The model side of ``DoubleTokenGenerator`` on the model's own encoder and incremental decoder."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
+        """Encode a batch; every sentence gets ``beam`` rows."""
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        bsz = net_input["src_tokens"].size(0)
+        self.encoder_out = self.model.encoder.reorder_encoder_out(
+            encoder_out, torch.arange(bsz, device=net_input["src_tokens"].device).repeat_interleave(beam))
+        self.incremental_state: Dict[str, Dict[str, Tensor]] = {}
+
+    def logits(self, tokens: Tensor) -> Tensor:
+        """(rows, 2, V): the logits of both slots of the step whose inputs are ``tokens``' last pair (``tokens``:
+        every row's inputs so far)."""
+        return self.model.decoder(tokens, encoder_out=self.encoder_out, incremental_state=self.incremental_state)[0]
+
+    def reorder(self, rows: Tensor, kept_rows: Optional[Tensor]) -> None:
+        """The next step's row i continues row ``rows[i]``; ``kept_rows`` (or None: all): the rows of the
+        sentences still decoded, before this step's reordering."""
+        self.model.decoder.reorder_incremental_state_scripting(self.incremental_state, rows)
+        if kept_rows is not None:
+            self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, kept_rows)
+
+
+class FastPairSteps:
+    """The model side of ``DoubleTokenGenerator`` on the fast decoder step (``--fast-step``): a step's pairs
+    go through each layer as the rows of one product, the two slots of a hypothesis seeing each other
+    (``group_step(causal=False)``, the model's step mask); int8 with ``precision`` int8 (the encoder too)."""
+
+    def __init__(self, model, precision: str):
+        self.engine, self.encoder = fast_step_parts(model, precision)
+
+    def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
+        encoder_out = self.encoder.forward_torchscript(net_input)
+        bsz = net_input["src_tokens"].size(0)
+        encoder_out = self.encoder.reorder_encoder_out(
+            encoder_out, torch.arange(bsz, device=net_input["src_tokens"].device).repeat_interleave(beam))
+        self.engine.start(encoder_out, max_steps=max_len + 4)
+
+    def logits(self, tokens: Tensor) -> Tensor:
+        features = self.engine.group_step(tokens[:, -2:], causal=False)
+        return self.engine.logits(features).view(tokens.size(0), 2, -1)
+
+    def reorder(self, rows: Tensor, kept_rows: Optional[Tensor]) -> None:
+        self.engine.reorder(rows)  # the engine's source keys and values follow the rows
+
+
 class DoubleTokenGenerator(MethodGenerator):
     method_name = "double-token"
 
     def __init__(self, model, tgt_dict, eod: int, token_order: str, beam_size: int = 5, left_candidates: int = 10,
                  pair_candidates: int = 15, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                  normalize_scores: bool = True, len_penalty: float = 1.0, unk_penalty: float = 0.0,
-                 temperature: float = 1.0, forced_eod_score: str = "model"):
+                 temperature: float = 1.0, forced_eod_score: str = "model", fast_step_precision: Optional[str] = None):
+        """``fast_step_precision``: decode on the fast decoder step at this precision (fp32, int8); None:
+        on the model's own decoder."""
         assert model.decoder.tokens_per_step == 2, "DoubleTokenGenerator decodes two-token-a-step models"
         assert beam_size >= 1 and left_candidates >= 1 and pair_candidates >= beam_size
         self.model = model
@@ -81,6 +142,9 @@ class DoubleTokenGenerator(MethodGenerator):
             raise ValueError(f"--forced-eod-score {forced_eod_score}: one of {', '.join(FORCED_EOD_SCORES)}")
         self.forced_eod_is_certain = forced_eod_score == "one"
         self.eos = tgt_dict.eos()
+        self.fast_step_precision = fast_step_precision
+        self.steps = FairseqPairSteps(model) if fast_step_precision is None else FastPairSteps(model,
+                                                                                               fast_step_precision)
         self.reset_generation_stats()
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
@@ -89,7 +153,10 @@ class DoubleTokenGenerator(MethodGenerator):
         self._stats = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
 
     def generation_stats(self) -> Dict:
-        return dict(self._stats)  # tokens: of the best hypotheses, EOS included
+        stats = dict(self._stats)  # tokens: of the best hypotheses, EOS included
+        if self.fast_step_precision is not None:
+            stats["fast_step_precision"] = self.fast_step_precision
+        return stats
 
     def _log_summary(self) -> None:
         s = self.generation_stats()
@@ -111,10 +178,7 @@ class DoubleTokenGenerator(MethodGenerator):
         max_len = self.rules.max_len(src_len, self.max_positions - 3)
         self._stats["batches"] += 1
 
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
-        encoder_out = self.model.encoder.reorder_encoder_out(
-            encoder_out, torch.arange(bsz, device=device).repeat_interleave(W))
-        incremental_state: Dict[str, Dict[str, Tensor]] = {}
+        self.steps.start(net_input, W, max_len)
         start = self.eos if bos_token is None else bos_token
         # Rows are (live sentence, beam); column 2s, 2s+1 hold the inputs of step s.
         tokens = torch.full((bsz * W, 2), start, dtype=torch.long, device=device)
@@ -127,7 +191,7 @@ class DoubleTokenGenerator(MethodGenerator):
         step = 0
         while sentences.numel() > 0:
             live = sentences.numel()
-            logits, _ = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+            logits = self.steps.logits(tokens)
             self._stats["decoder_invocations"] += 1
             lprobs = self._constrained_lprobs(logits, step, max_len).view(live, W, 2, -1)
             vocab = lprobs.size(-1)
@@ -190,10 +254,10 @@ class DoubleTokenGenerator(MethodGenerator):
             next_pair = torch.stack([left_token.gather(1, next_candidate), right_token.gather(1, next_candidate)],
                                     dim=-1)[keep].view(-1, 2)
             next_pair_scores = pair_slot_scores.gather(1, next_candidate.unsqueeze(-1).expand(-1, -1, 2))[keep]
-            self.model.decoder.reorder_incremental_state_scripting(incremental_state, next_row)
+            kept_rows = None
             if keep.numel() < live:
                 kept_rows = (keep.unsqueeze(1) * W + torch.arange(W, device=device)).view(-1)
-                encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, kept_rows)
+            self.steps.reorder(next_row, kept_rows)
             tokens = torch.cat([tokens[next_row], next_pair], dim=1)
             slot_scores = torch.cat([slot_scores[next_row], next_pair_scores.view(-1, 2)], dim=1)
             cumulative = next_score[keep]

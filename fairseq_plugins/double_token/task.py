@@ -9,6 +9,10 @@ that decodes in the same order and returns natural-order hypotheses:
   --token-order l2r   --tokens-per-step 2   double-token L2R \
   --token-order r2l   --tokens-per-step 2   double-token R2L  } DoubleTokenGenerator (DoubleTopK beam search)
   --token-order bidir --tokens-per-step 2   double-token bidirectional (the paper's method; the default)
+
+``--fast-step`` (``--fast-step-precision fp32|int8``) runs each of them on the fast decoder step
+(docs/fast-step.md): the same search, the decoder's pairs through ``FastDecoderStep.group_step``; in float32
+the same hypotheses as without it.
 """
 
 import logging
@@ -20,8 +24,12 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from ..fast_step.generator import FastStepSequenceGenerator
+from ..fast_step.task import FastStepConfig, check_fast_step_model
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
-from .generator import FORCED_EOD_SCORES, DoubleTokenGenerator, RightToLeftSequenceGenerator
+from .generator import (FORCED_EOD_SCORES, DoubleTokenGenerator, FastStepRightToLeftGenerator,
+                        RightToLeftSequenceGenerator)
 from .model import DoubleTokenTransformerModel
 
 logger = logging.getLogger(__name__)
@@ -30,7 +38,7 @@ TOKEN_ORDER_CHOICES = ChoiceEnum(list(TOKEN_ORDERS))
 
 
 @dataclass
-class DoubleTokenTranslationConfig(TranslationConfig):
+class DoubleTokenTranslationConfig(FastStepConfig, TranslationConfig):
     token_order: TOKEN_ORDER_CHOICES = field(
         default="bidir",
         metadata={"help": "order the decoder produces the target in: bidir (left half left-to-right and right "
@@ -124,13 +132,18 @@ class DoubleTokenTranslationTask(TranslationTask):
         for model in models:
             self._check_trained_order(model)
         order, per_step = self.token_order, self.cfg.tokens_per_step
+        precision = self._fast_step_precision(models)
         if per_step == 1:
             if order == "r2l":
                 if (getattr(args, "prefix_size", 0) > 0 or getattr(args, "constraints", None)
                         or getattr(args, "print_alignment", None)):
                     raise ValueError("--prefix-size/--constraints/--print-alignment: not supported with "
                                      "--token-order r2l --tokens-per-step 1")
-                seq_gen_cls = RightToLeftSequenceGenerator
+                seq_gen_cls = RightToLeftSequenceGenerator if precision is None else FastStepRightToLeftGenerator
+            elif precision is not None:
+                seq_gen_cls = FastStepSequenceGenerator
+            if precision is not None:
+                extra_gen_cls_kwargs = {"precision": precision, **(extra_gen_cls_kwargs or {})}
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if len(models) > 1:
             raise ValueError("--path: double-token decoding runs one model, not an ensemble")
@@ -150,7 +163,21 @@ class DoubleTokenTranslationTask(TranslationTask):
             min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
             len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),
             temperature=getattr(args, "temperature", 1.0), forced_eod_score=self.cfg.forced_eod_score,
+            fast_step_precision=precision,
         )
+
+    def _fast_step_precision(self, models) -> Optional[str]:
+        """--fast-step's precision, or None without it; an InputError where the flags or the model do not fit."""
+        precision = str(self.cfg.fast_step_precision)
+        if not self.cfg.fast_step:
+            if precision != "fp32":
+                raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop "
+                                 "--fast-step-precision)")
+            return None
+        if len(models) != 1:
+            raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
+        check_fast_step_model(models[0], precision)
+        return precision
 
     @staticmethod
     def _refuse_other_models(model) -> None:

@@ -159,8 +159,9 @@ class FastDecoderStep:
 
     ``start(encoder_out)`` takes fairseq's encoder output (one row per hypothesis), ``step(tokens)`` the
     previous token of each row and returns the decoder features of the next position (rows, embed_dim),
-    ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names. For one sentence,
-    ``block_step(tokens)`` feeds several positions at once and ``truncate(length)`` takes positions back.
+    ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names. ``group_step``
+    feeds several positions a row at once (a double-token pair); for one sentence, ``block_step(tokens)`` feeds a
+    causal block and ``truncate(length)`` takes positions back.
     ``features_only``: a decoder whose ``forward``/``output_layer`` add a method's own outputs (blockwise's
     proposal heads) is accepted; the caller builds those outputs from ``step``'s features.
     """
@@ -266,12 +267,7 @@ class FastDecoderStep:
     # ---- one step ----------------------------------------------------------------------------------------
     def step(self, tokens: Tensor) -> Tensor:
         """Decoder features (rows, d) of the position after each row's prefix, whose last token is ``tokens``."""
-        t = self.length
-        if t >= self.capacity:
-            self._grow()
-        x = self._run(self._embed(tokens.view(-1), t, 1), t, block=False)
-        self.length = t + 1
-        return x
+        return self.group_step(tokens.view(-1, 1))
 
     def block_step(self, tokens: Tensor) -> Tensor:
         """One sentence (one row): m new tokens at once, causal among themselves (blockwise decoding's
@@ -280,10 +276,20 @@ class FastDecoderStep:
         accepted). The same arithmetic a row as m ``step`` calls."""
         if self.rows != 1:
             raise ValueError(f"block_step decodes one sentence, the engine holds {self.rows} rows")
-        t, m = self.length, tokens.numel()
+        return self.group_step(tokens.view(1, -1))
+
+    def group_step(self, tokens: Tensor, causal: bool = True) -> Tensor:
+        """tokens (rows, m): each row's next m tokens at once, at positions t .. t + m - 1, causal among
+        themselves, or (``causal`` False) each seeing all m (a double-token step's pair, which the model
+        decodes as one unit). Returns their features (rows * m, d), row-major; every row's prefix grows by m.
+        Every weight is read once for all rows * m positions."""
+        rows, m = tokens.shape
+        if rows != self.rows:
+            raise ValueError(f"{rows} rows of tokens for the engine's {self.rows} rows")
+        t = self.length
         while t + m > self.capacity:
             self._grow()
-        x = self._run(self._embed(tokens.view(-1), t, m), t, block=True)
+        x = self._run(self._embed(tokens.reshape(-1), t, m), t, m, causal)
         self.length = t + m
         return x
 
@@ -293,33 +299,33 @@ class FastDecoderStep:
             raise ValueError(f"truncate to {length}: the prefix has {self.length} positions")
         self.length = length
 
-    def _embed(self, tokens: Tensor, t: int, positions: int) -> Tensor:
-        """Embeddings of ``tokens``: one a row at position t, or (``positions`` > 1) positions t, t + 1, ..."""
+    def _embed(self, tokens: Tensor, t: int, group: int) -> Tensor:
+        """Embeddings of ``tokens`` (rows * group, row-major): positions t, ..., t + group - 1 of each row."""
         x = self.embed_scale * F.embedding(tokens, self.embed_tokens)
         if self.project_in is not None:
             x = self.project_in(x)
-        table = self._position_table(t + positions)
+        table = self._position_table(t + group)
         if table is not None:
-            x = x + (table[t] if positions == 1 else table[t:t + positions])
+            x = x + (table[t] if group == 1 else table[t:t + group].repeat(tokens.numel() // group, 1))
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return x
 
-    def _run(self, x: Tensor, t: int, block: bool) -> Tensor:
-        """The layers, the final norm and projection on x (rows, d): one position t a row, or with ``block``
-        positions t, t + 1, ... of row 0's sentence."""
-        rows = x.size(0)
+    def _run(self, x: Tensor, t: int, group: int, causal: bool) -> Tensor:
+        """The layers, the final norm and projection on x (rows * group, d): positions t .. t + group - 1 of
+        each row, causal among themselves or not (see ``group_step``)."""
+        rows = x.size(0) // group
         if self.native_layers is not None:
             x = x.float().contiguous().clone()  # updated in place layer by layer
             attend = None if self.source_attend is None else self.source_attend.view(self.rows, -1)
             for index, layer in enumerate(self.native_layers):
                 self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],
-                                self.cross_values[index], attend, block=block)
-        # In a block, position t + i sees the prefix and the block up to itself
-        causal = None
-        if block and self.native_layers is None:
-            causal = (torch.arange(t + rows, device=x.device).unsqueeze(0)
-                      <= t + torch.arange(rows, device=x.device).unsqueeze(1))
+                                self.cross_values[index], attend, group=group, causal=causal)
+        # Position t + i of a causal group sees the prefix and the group up to itself
+        mask = None
+        if causal and group > 1 and self.native_layers is None:
+            mask = (torch.arange(t + group, device=x.device).unsqueeze(0)
+                    <= t + torch.arange(group, device=x.device).unsqueeze(1))
         for index, layer in enumerate(self.layers if self.native_layers is None else ()):
             heads, head_dim = layer.heads, layer.head_dim
             # self-attention over the prefix
@@ -327,36 +333,24 @@ class FastDecoderStep:
             if layer.normalize_before:
                 x = layer.self_norm(x)
             keys, values = self.keys[index], self.values[index]
-            if block:  # (1, heads, m, head_dim), positions t .. t + m - 1 of row 0
-                q, k, v = layer.qkv(x).view(rows, 3, heads, head_dim).permute(1, 2, 0, 3).unsqueeze(1).unbind(0)
-                keys[:1, :, t:t + rows] = k
-                values[:1, :, t:t + rows] = v
-                context = F.scaled_dot_product_attention(q, keys[:1, :, :t + rows], values[:1, :, :t + rows],
-                                                         attn_mask=causal, scale=layer.scaling)
-                context = context[0].transpose(0, 1)  # (m, heads, head_dim)
-            else:
-                q, k, v = layer.qkv(x).view(rows, 3, heads, 1, head_dim).unbind(1)
-                keys[:rows, :, t:t + 1] = k
-                values[:rows, :, t:t + 1] = v
-                # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
-                context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + 1], values[:rows, :, :t + 1],
-                                                         scale=layer.scaling)
-            x = residual + layer.self_out(context.reshape(rows, heads * head_dim))
+            # (rows, heads, group, head_dim) each
+            q, k, v = layer.qkv(x).view(rows, group, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            keys[:rows, :, t:t + group] = k
+            values[:rows, :, t:t + group] = v
+            # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
+            context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + group], values[:rows, :, :t + group],
+                                                     attn_mask=mask, scale=layer.scaling)
+            x = residual + layer.self_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.self_norm(x)
             # attention over the source
             residual = x
             if layer.normalize_before:
                 x = layer.cross_norm(x)
-            if block:
-                q = layer.cross_q(x).view(rows, heads, head_dim).transpose(0, 1).unsqueeze(0)
-            else:
-                q = layer.cross_q(x).view(rows, heads, 1, head_dim)
+            q = layer.cross_q(x).view(rows, group, heads, head_dim).transpose(1, 2)
             context = F.scaled_dot_product_attention(q, self.cross_keys[index], self.cross_values[index],
                                                      attn_mask=self.source_attend, scale=layer.scaling)
-            if block:
-                context = context[0].transpose(0, 1)
-            x = residual + layer.cross_out(context.reshape(rows, heads * head_dim))
+            x = residual + layer.cross_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.cross_norm(x)
             # feed-forward

@@ -83,7 +83,7 @@ def available() -> bool:
             library.fp_int8_gemm.restype = None
             library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
-                                                      pointer, size]
+                                                      pointer, size, size]
             library.fp_decoder_layer_step.restype = None
             _library = library
         except (OSError, RuntimeError) as error:
@@ -172,23 +172,24 @@ class LayerStepper:
         self.row_scales = torch.empty(0)
 
     def __call__(self, layer: DecoderLayer, x: Tensor, keys: Tensor, values: Tensor, t: int, cross_keys: Tensor,
-                 cross_values: Tensor, source_attend: Optional[Tensor], block: bool = False) -> None:
-        """x (rows, d) float32 contiguous, updated in place; keys/values (>= rows, heads, capacity, head_dim)
-        get position t; cross_keys/values (rows, heads, S, head_dim); source_attend (rows, S) bool or None.
-        With ``block`` the rows are positions t, t + 1, ... of one sentence (causal among themselves): its
-        keys/values are row 0 of the caches, and cross_keys/values and source_attend have one row."""
+                 cross_values: Tensor, source_attend: Optional[Tensor], group: int = 1, causal: bool = True) -> None:
+        """x (rows, d) float32 contiguous, updated in place: rows / ``group`` hypotheses, each feeding ``group``
+        new positions t, t + 1, ... (consecutive rows), causal among themselves or (``causal`` False) each
+        seeing all of them; keys/values (>= hypotheses, heads, capacity, head_dim) get those positions;
+        cross_keys/values (hypotheses, heads, S, head_dim); source_attend (hypotheses, S) bool or None."""
         rows, source_length = x.size(0), cross_keys.size(2)
         d, ffn = layer.heads * layer.head_dim, layer.fc1.out
-        sources, positions = (1, rows) if block else (rows, 1)
+        hypotheses = rows // group
         # The C code trusts these shapes (a mismatch would read or write out of bounds, not raise).
-        if not (x.dtype == keys.dtype == cross_keys.dtype == torch.float32 and x.shape == (rows, d)
+        if not (group >= 1 and rows == hypotheses * group
+                and x.dtype == keys.dtype == cross_keys.dtype == torch.float32 and x.shape == (rows, d)
                 and x.is_contiguous() and keys.is_contiguous() and values.is_contiguous()
-                and cross_keys.is_contiguous() and cross_values.is_contiguous() and keys.size(0) >= sources
-                and cross_keys.size(0) == sources and t + positions <= keys.size(2) and keys.shape == values.shape
-                and (source_attend is None or (source_attend.shape == (sources, source_length)
+                and cross_keys.is_contiguous() and cross_values.is_contiguous() and keys.size(0) >= hypotheses
+                and cross_keys.size(0) == hypotheses and t + group <= keys.size(2) and keys.shape == values.shape
+                and (source_attend is None or (source_attend.shape == (hypotheses, source_length)
                                                and source_attend.is_contiguous()))):
             raise ValueError("fp_decoder_layer_step: tensors of unexpected shapes, types or layouts")
-        need = rows * (5 * d + ffn) + max(t + positions, source_length)
+        need = rows * (5 * d + ffn) + max(t + group, source_length)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(2 * need)
         if self.quantized.numel() < rows * layer.widest_input:
@@ -199,7 +200,7 @@ class LayerStepper:
             ctypes.byref(layer), x.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.size(2), t,
             cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
             None if source_attend is None else source_attend.data_ptr(), self.scratch.data_ptr(),
-            self.quantized.data_ptr(), self.row_scales.data_ptr(), int(block))
+            self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal))
 
 
 def padded_width(dim: int) -> int:

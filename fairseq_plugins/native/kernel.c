@@ -238,33 +238,37 @@ static void attend(const float *q, const float *keys, const float *values, int64
 }
 
 /* Arithmetic as fairseq's TransformerDecoderLayer in eval mode; the matrices int8 or float32 (each its own).
- * x (M, D) in place. Rows are hypotheses (block 0) or, with block 1, M consecutive positions of one sentence
- * (a block of new tokens, causal among themselves: blockwise decoding's verification).
- * block 0: keys/values (rows >= M, heads, capacity, head_dim), row m's position t written here;
- *          cross_keys/values (M, heads, S, head_dim); source_attend (M, S): 1 where a source token is, or NULL.
- * block 1: keys/values (>= 1, heads, capacity, head_dim), positions t .. t + M - 1 of row 0 written here;
- *          cross_keys/values (1, heads, S, head_dim); source_attend (1, S) or NULL.
- * scratch: room for M * (5 D + ffn) + max(t + M, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
+ * x (M, D) in place. The rows are M / group hypotheses, each feeding `group` new consecutive positions
+ * t .. t + group - 1 (row m: hypothesis m / group, position t + m % group). group 1: one position a hypothesis
+ * (a beam's step); one hypothesis with group M: a block of one sentence (blockwise decoding's verification);
+ * group 2 of several hypotheses: a double-token step's pairs. `causal`: position t + i attends to the prefix and
+ * the group's positions up to t + i; else to all of the group's positions (a double-token pair sees itself).
+ * keys/values (>= M / group, heads, capacity, head_dim): hypothesis r's positions written in row r;
+ * cross_keys/values (M / group, heads, S, head_dim); source_attend (M / group, S): 1 where a source token is,
+ * or NULL.
+ * scratch: room for M * (5 D + ffn) + max(t + group, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
-                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf, int64_t block) {
+                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf, int64_t group,
+                           int64_t causal) {
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
     float *residual = scratch, *qkv = residual + M * D, *context = qkv + 3 * M * D, *hidden = context + M * D;
     float *scores = hidden + M * F;
-    /* self-attention over the prefix (new keys first: in a block, position t + m attends to t .. t + m) */
+    /* self-attention over the prefix (the group's keys first: position t + i attends to keys up to t + i, or
+     * t + group - 1) */
     for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
     if (L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     matrix_product(&L->qkv, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
             const float *row = qkv + m * 3 * D;
-            const int64_t cache = block ? h : m * H + h, position = block ? t + m : t;
+            const int64_t cache = (m / group) * H + h, position = t + m % group;
             float *k = keys + (cache * capacity + position) * hd, *v = values + (cache * capacity + position) * hd;
             for (int64_t d = 0; d < hd; ++d) { k[d] = row[D + h * hd + d]; v[d] = row[2 * D + h * hd + d]; }
         }
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
-            const int64_t cache = block ? h : m * H + h, length = block ? t + m + 1 : t + 1;
+            const int64_t cache = (m / group) * H + h, length = causal ? t + m % group + 1 : t + group;
             attend(qkv + m * 3 * D + h * hd, keys + cache * capacity * hd, values + cache * capacity * hd, length,
                    hd, hd, L->scaling, NULL, scores, context + m * D + h * hd);
         }
@@ -277,7 +281,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     matrix_product(&L->cross_q, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
-            const int64_t source = block ? 0 : m;
+            const int64_t source = m / group;
             attend(qkv + m * D + h * hd, cross_keys + (source * H + h) * S * hd,
                    cross_values + (source * H + h) * S * hd, S, hd, hd, L->scaling,
                    source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd);
