@@ -34,6 +34,12 @@ from .. import native
 from ..int8 import Int8Matrix
 
 
+# The native layer's float32 products are the faster ones at a few rows; from about a dozen rows on (a beam of
+# pairs, a batch), oneDNN's pre-packed products in the torch operations are (measured here, one thread:
+# 20 rows x the 768 x 256 q/k/v matrix 170 us native, 53 us packed; 4 rows 19 us and 22 us).
+NATIVE_FLOAT_MAX_ROWS = 12
+
+
 def unsupported_reason(decoder: nn.Module, features_only: bool = False) -> Optional[str]:
     """Why the engine cannot run ``decoder`` exactly, or None when it can. ``features_only``: the caller makes
     the outputs from the decoder features itself (a method's own heads), so the decoder may override
@@ -315,18 +321,21 @@ class FastDecoderStep:
         """The layers, the final norm and projection on x (rows * group, d): positions t .. t + group - 1 of
         each row, causal among themselves or not (see ``group_step``)."""
         rows = x.size(0) // group
-        if self.native_layers is not None:
+        native_layers = self.native_layers
+        if native_layers is not None and self.precision == "fp32" and x.size(0) > NATIVE_FLOAT_MAX_ROWS:
+            native_layers = None
+        if native_layers is not None:
             x = x.float().contiguous().clone()  # updated in place layer by layer
             attend = None if self.source_attend is None else self.source_attend.view(self.rows, -1)
-            for index, layer in enumerate(self.native_layers):
+            for index, layer in enumerate(native_layers):
                 self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],
                                 self.cross_values[index], attend, group=group, causal=causal)
         # Position t + i of a causal group sees the prefix and the group up to itself
         mask = None
-        if causal and group > 1 and self.native_layers is None:
+        if causal and group > 1 and native_layers is None:
             mask = (torch.arange(t + group, device=x.device).unsqueeze(0)
                     <= t + torch.arange(group, device=x.device).unsqueeze(1))
-        for index, layer in enumerate(self.layers if self.native_layers is None else ()):
+        for index, layer in enumerate(self.layers if native_layers is None else ()):
             heads, head_dim = layer.heads, layer.head_dim
             # self-attention over the prefix
             residual = x
