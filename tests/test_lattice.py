@@ -874,6 +874,35 @@ def test_int8_lattice_decoding_end_to_end():
     assert 0 < max(differences) < 0.1
 
 
+def test_int8_encoder_decodes_from_an_int8_copy_of_the_encoder(tmp_path):
+    """--lattice-encoder-precision int8: the generator encodes with a copy whose matrices are int8 (the model's own
+    encoder stays float32); the paths are well formed and their scores move by int8 rounding only; a model that is
+    not float32 is refused by the flag's name."""
+    import argparse
+
+    from fairseq_plugins.int8 import Int8EncoderSelfAttention
+    from fairseq_plugins.lattice.task import LatticeTranslationConfig, LatticeTranslationTask
+
+    model, d = tiny_model(1, layers=1, seed=21)
+    sample, table = random_batch(d, 5, seed=22), tiny_table(d)
+    fp32 = lattice_generator(model, d, table, k=6, nbest=1)
+    int8 = lattice_generator(model, d, table, k=6, nbest=1, encoder_precision="int8")
+    assert fp32.encoder is model.encoder and int8.encoder is not model.encoder
+    assert all(isinstance(layer.self_attn, Int8EncoderSelfAttention) for layer in int8.encoder.layers)
+    assert not any(isinstance(layer.self_attn, Int8EncoderSelfAttention) for layer in model.encoder.layers)
+    scores = [[float(h[0]["score"]) for h in generator.generate([model], sample)] for generator in (fp32, int8)]
+    assert 0 < max(abs(a - b) for a, b in zip(*scores)) < 0.1
+    assert int8.generation_stats()["encoder_precision"] == "int8"
+    path = str(tmp_path / "table.pt")
+    table.save(path)
+    task = LatticeTranslationTask(LatticeTranslationConfig(lattice_table=path, lattice_encoder_precision="int8"), d, d)
+    with pytest.raises(InputError, match=r"^--lattice-encoder-precision int8: quantizes a float32 model, this one is "
+                                         r"torch.float64 \(drop --fp16/--bf16\)$"):
+        task.build_generator([tiny_model(1, 1, seed=21)[0].double()], argparse.Namespace())
+    with pytest.raises(ValueError, match="^--lattice-encoder-precision int4: choose one of fp32, int8$"):
+        lattice_generator(model, d, table, encoder_precision="int4")
+
+
 def test_int8_scorer_refusals(tmp_path):
     """--lattice-scorer-precision int8 is refused by the flag's name before decoding starts: a model on another
     device (meta here; CUDA alike) or not float32, with --lattice-no-hoist or --retain-dropout; the generator refuses

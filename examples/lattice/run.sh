@@ -15,8 +15,9 @@
 #              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
 #   ks       : the same for distill-1 at each K of KS (paper Table 2)
 #   layers   : distill-1, -2, -3 after LAYERS_EPOCH (3) epochs each: BLEU and a bench row (paper Table 3)
-#   fast     : distill-1 at each K of FAST_KS (32 64) x scorer precision of FAST_PRECISIONS (fp32 int8): whole-test
-#              BLEU and a bench row each -> RESULTS/lattice_fast.json
+#   fast     : distill-1 at each K of FAST_KS (32 64) x precision of FAST_PRECISIONS (fp32 int8: the scorer's
+#              feed-forward matrices and the encoder's, --lattice-scorer-precision and --lattice-encoder-precision):
+#              whole-test BLEU and a bench row each -> RESULTS/lattice_fast.json
 #   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
@@ -176,7 +177,7 @@ if stage fast; then
   rm -f "$json.tmp"
   for k in ${FAST_KS:-32 64}; do
     for precision in ${FAST_PRECISIONS:-fp32 int8}; do
-      flags=(--lattice-k "$k" --lattice-scorer-precision "$precision")
+      flags=(--lattice-k "$k" --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision")
       out=$WORK/distill-1/generate.k$k.$precision.out
       # shellcheck disable=SC2046
       record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags distill-1) "${flags[@]}" \

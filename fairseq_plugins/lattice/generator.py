@@ -1,7 +1,8 @@
 """LatticeGenerator: encoder, lattice, parallel scoring, Viterbi; no left-to-right loop over the model.
 
 Per batch, with |x| the source length and L = round(slope * |x| + intercept) the table's length estimate:
-  1. encoder    one call of the model's encoder;
+  1. encoder    one call of the model's encoder (its matrices int8 with ``encoder_precision="int8"``,
+                --lattice-encoder-precision int8: a copy made once, when the generator is built);
   2. lattice    the top-K tokens of P(y_t | x, t) at t = 1 .. L + dL + 1 from the candidate table;
   3. scoring    one call of the scorer on every (position, state) row that can be on a path (the rows of states
                 impossible in every sentence of the batch, e.g. the K - 1 padding states at position 1, are
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from ..candidates import PRECISIONS
 from ..common.generation import MethodGenerator
+from ..int8 import int8_encoder
 from .ibm2 import CandidateTable, never_candidates
 from .model import HoistedLatticeScorer
 from .viterbi import viterbi
@@ -41,7 +43,7 @@ class LatticeGenerator(MethodGenerator):
     def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
                  normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
                  max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", encoder_precision: str = "fp32"):
         if len(models) != 1:
             raise ValueError("lattice decoding takes one model (no ensembles)")
         if k < 1:
@@ -54,7 +56,12 @@ class LatticeGenerator(MethodGenerator):
             raise ValueError(f"--lattice-scorer-precision {precision}: choose one of {', '.join(PRECISIONS)}")
         if precision == "int8" and not hoist:
             raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist")
+        if encoder_precision not in PRECISIONS:
+            raise ValueError(f"--lattice-encoder-precision {encoder_precision}: choose one of {', '.join(PRECISIONS)}")
         self.model = models[0]
+        # int8: a copy of the encoder with int8 matrices, made once here (the model's own stays float32)
+        self.encoder = int8_encoder(self.model.encoder) if encoder_precision == "int8" else self.model.encoder
+        self.encoder_precision = encoder_precision
         self.scorer = self.model.decoder
         self.order = self.scorer.markov_order
         self.tgt_dict = tgt_dict
@@ -88,7 +95,7 @@ class LatticeGenerator(MethodGenerator):
                 stats[f"{phase}_ms_per_sentence"] = 1000 * stats[f"{phase}_seconds"] / stats["sentences"]
         stats.update(k=self.k, length_delta=self.length_delta, normalization=self.normalization,
                      markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist,
-                     scorer_precision=self.precision)
+                     scorer_precision=self.precision, encoder_precision=self.encoder_precision)
         return stats
 
     def _log_summary(self) -> None:
@@ -206,7 +213,7 @@ class LatticeGenerator(MethodGenerator):
         src_tokens = net_input["src_tokens"]
         device = src_tokens.device
         started = time.perf_counter()
-        encoder_out = model.encoder.forward_torchscript(net_input)
+        encoder_out = self.encoder.forward_torchscript(net_input)
         started = self._tick("encoder", started, device)
 
         source, source_lengths = self._source_content(src_tokens)

@@ -16,6 +16,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..candidates import PRECISIONS
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
+from ..int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
 from .generator import NORMALIZATIONS, LatticeGenerator
 from .ibm2 import CandidateTable
 from .model import LatticeTransformerModel, scorer_int8_unsupported_reason
@@ -50,6 +51,12 @@ class LatticeTranslationConfig(TranslationConfig):
                           "the scoring time): fp32, or int8 weights with per-row activation scales (fbgemm, CPU and "
                           "float32 models only; quantized once when the generator is built; scores move by int8 "
                           "rounding). Runs on the hoisted scorer (not with --lattice-no-hoist or --retain-dropout)"},
+    )
+    lattice_encoder_precision: ChoiceEnum(list(PRECISIONS)) = field(
+        default="fp32",
+        metadata={"help": "precision of the encoder's matrices: fp32, or int8 (every layer's self-attention and "
+                          "feed-forward matrices with per-row activation scales, fairseq_plugins.int8's encoder, "
+                          "as the fast step's; CPU and float32 models only; about half the encoder's time here)"},
     )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
@@ -105,11 +112,16 @@ class LatticeTranslationTask(TranslationTask):
             reason = scorer_int8_unsupported_reason(models[0].decoder)
             if reason is not None:
                 raise InputError(f"--lattice-scorer-precision int8: {reason}")
+        encoder_precision = str(self.cfg.lattice_encoder_precision)
+        if encoder_precision == "int8":
+            reason = int8_model_unsupported_reason(models[0]) or int8_encoder_unsupported_reason(models[0].encoder)
+            if reason is not None:
+                raise InputError(f"--lattice-encoder-precision int8: {reason}")
         return LatticeGenerator(
             models, self.target_dictionary, self.candidate_table().to(device), k=self.cfg.lattice_k,
             length_delta=self.cfg.lattice_length_delta, normalization=str(self.cfg.lattice_normalize),
             nbest=getattr(args, "nbest", 1), lenpen=getattr(args, "lenpen", 1.0),
             normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
             max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
-            hoist=not self.cfg.lattice_no_hoist, precision=precision,
+            hoist=not self.cfg.lattice_no_hoist, precision=precision, encoder_precision=encoder_precision,
         )
