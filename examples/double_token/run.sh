@@ -4,7 +4,8 @@
 #
 #   train    : the five systems, same architecture (double_token_transformer_multi30k: the baseline's sizes,
 #              learned decoder positions), each warm-started from the baseline's checkpoint
-#              (--double-token-base-checkpoint) and fine-tuned to a plateau of validation loss (--patience 3,
+#              (--double-token-base-checkpoint) and fine-tuned to a plateau of validation loss (with TRAIN_ON=distill:
+#              of greedy validation BLEU, --eval-bleu) (--patience 3,
 #              at most EPOCHS epochs), same seed and schedule, on the baseline's prepared data; resumes from
 #              checkpoint_last.pt. A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
@@ -15,6 +16,9 @@
 #              (--baseline-path): tokens/s and its ratio (Table 2's speed), one thread, one sentence at a
 #              time, beam BEAM, the first BENCH_LIMIT test sentences
 #   beams    : the same for bidir-2 at each of BEAMS (Fig. 3: speed ratio against beam width)
+#   fast     : the bench rows again with every system on the fast decoder step (--fast-step, docs/fast-step.md)
+#              at each of FAST_PRECISIONS (fp32 int8), still against stock l2r-1 (l2r-1's own row: what the fast
+#              step alone gives), batch sizes BENCH_BATCHES -> RESULTS/double_token_fast_step.json
 #   ngram    : fairseq-plugins ngram-precision of every system's evaluate output (Table 3)
 #   summary  : examples/double_token/summarize.py -> RESULTS/double_token_table2.{json,md}
 #
@@ -24,7 +28,8 @@
 #        checkpoints averaged), EPOCHS (40: a cap;
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench stage), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench and fast stages), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
+#        FAST_PRECISIONS ("fp32 int8": the fast stage's --fast-step-precision),
 #        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), TRAIN_ON (raw: the references; distill: the
 #        baseline's beam-5 translations, DISTILL or distill/beam5 beside BASELINE_WORK, examples/lattice's distill
 #        stage), INIT_WORK (a double-token work dir: each system starts from its checkpoint_avg.pt there,
@@ -33,7 +38,7 @@
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/double_token}
-STAGES=${STAGES:-train average evaluate bench beams ngram summary}
+STAGES=${STAGES:-train average evaluate bench beams fast ngram summary}
 SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
 EPOCHS=${EPOCHS:-40}
 LR=${LR:-5e-4}
@@ -60,6 +65,15 @@ system_flags() {  # the task flags of system ORDER-N
 }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
 train_bin() { if [[ $TRAIN_ON == distill ]]; then echo "$(shared_distill "$BASE")/bin"; else echo "$DATA/bin"; fi; }
+# The plateau: of validation loss on the references' own training set; of validation BLEU (greedy, natural order)
+# on the distilled one, where the loss on the references' valid set rises from the first epoch while BLEU still
+# improves (measured: bidir-2 38.6 after one distilled epoch, 39.1 averaged over four, its valid loss rising).
+plateau_flags() {
+  if [[ $TRAIN_ON == distill ]]; then
+    echo "--eval-bleu --eval-bleu-args {\"beam\":1} --eval-bleu-remove-bpe sentencepiece"
+    echo "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric"
+  fi
+}
 init_flags() {  # SYSTEM: where its weights start (fairseq applies either only when no checkpoint_last.pt exists)
   if [[ -n $INIT_WORK ]]; then echo "--finetune-from-model $INIT_WORK/$1/checkpoints/checkpoint_avg.pt"
   else echo "--double-token-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"; fi
@@ -74,7 +88,7 @@ if stage train; then
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --max-tokens 4096 --max-epoch "$EPOCHS" --patience 3 --seed 1 \
+      --max-tokens 4096 --max-epoch "$EPOCHS" --patience 3 $(plateau_flags) --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
       --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
@@ -110,13 +124,14 @@ if stage evaluate; then
   done
 fi
 
-bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON [BATCH]: one bench row, stock single-token L2R decoded in the same run
-  local batch=${5:-1}
+bench_against_l2r() {  # SYSTEM BEAM LIMIT JSON [BATCH [LABEL FLAGS...]]: one bench row, stock single-token L2R decoded in the same run
+  local system=$1 beam=$2 limit=$3 json=$4 batch=${5:-1} label=${6:-}
+  shift $(( $# < 6 ? $# : 6 ))
   # shellcheck disable=SC2046,SC2086
-  fairseq-plugins bench --method double_token --label "$1$( ((batch > 1)) && echo " batch $batch")" \
-    --path "$(checkpoint "$1")" $GEN_FLAGS --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
-    --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size "$batch" --beam "$2" --limit "$3" \
-    --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$4" --append $(system_flags "$1")
+  fairseq-plugins bench --method double_token --label "$system$label$( ((batch > 1)) && echo " batch $batch")" \
+    --path "$(checkpoint "$system")" $GEN_FLAGS --baseline-path "$(checkpoint l2r-1)" --data "$DATA" --split test \
+    --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size "$batch" --beam "$beam" --limit "$limit" \
+    --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$json" --append $(system_flags "$system") "$@"
 }
 
 if stage bench; then
@@ -136,6 +151,20 @@ if stage beams; then
   rm -f "$json.tmp"
   for beam in ${BEAMS:-1 2 5 10 20}; do
     bench_against_l2r bidir-2 "$beam" "${BEAMS_LIMIT:-100}" "$json.tmp"
+  done
+  mv "$json.tmp" "$json"
+fi
+
+if stage fast; then
+  json=$RESULTS/double_token_fast_step.json
+  rm -f "$json.tmp"
+  for batch in $BENCH_BATCHES; do
+    for precision in ${FAST_PRECISIONS:-fp32 int8}; do
+      for system in $SYSTEMS; do
+        bench_against_l2r "$system" "$BEAM" "${BENCH_LIMIT:-200}" "$json.tmp" "$batch" " fast step $precision" \
+          --fast-step --fast-step-precision "$precision"
+      done
+    done
   done
   mv "$json.tmp" "$json"
 fi
