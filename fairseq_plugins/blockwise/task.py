@@ -14,8 +14,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
-from ..common.textio import InputError
-from ..fast_step.task import FastStepConfig, check_fast_step_model
+from ..fast_step.task import FastStepConfig, check_fast_step_model, fast_step_precision
 from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel
@@ -110,14 +109,11 @@ class BlockwiseTranslationTask(TranslationTask):
                 getattr(args, "beam", 1) != 1,
             "--nbest": getattr(args, "nbest", 1) != 1,
         })
-        precision = str(self.cfg.fast_step_precision)
+        precision = fast_step_precision(self.cfg)
         generator_class, extra = BlockwiseGenerator, {}
-        if self.cfg.fast_step:  # the blockwise model's own heads make the outputs from the decoder's features
+        if precision is not None:  # the blockwise model's own heads make the outputs from the decoder's features
             check_fast_step_model(model, precision, features_only=True)
             generator_class, extra = FastStepBlockwiseGenerator, {"precision": precision}
-        elif precision != "fp32":
-            raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop "
-                             "--fast-step-precision)")
         return generator_class(
             model, self.target_dictionary, block_size, **extra,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,

@@ -68,6 +68,14 @@ class FastStepRightToLeftGenerator(RightToLeftSequenceGenerator, FastStepSequenc
     """Single-token R2L on the fast step: fairseq's search over ``FastDecoderStep``, outputs reversed back."""
 
 
+def encode_for_beam(encoder, net_input: Dict[str, Tensor], beam: int) -> Dict[str, List[Tensor]]:
+    """The encoder output of a batch with ``beam`` rows for every sentence (its hypotheses)."""
+    encoder_out = encoder.forward_torchscript(net_input)
+    src_tokens = net_input["src_tokens"]
+    rows = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat_interleave(beam)
+    return encoder.reorder_encoder_out(encoder_out, rows)
+
+
 class FairseqPairSteps:
     """The model side of ``DoubleTokenGenerator`` on the model's own encoder and incremental decoder."""
 
@@ -76,10 +84,7 @@ class FairseqPairSteps:
 
     def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
         """Encode a batch; every sentence gets ``beam`` rows."""
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
-        bsz = net_input["src_tokens"].size(0)
-        self.encoder_out = self.model.encoder.reorder_encoder_out(
-            encoder_out, torch.arange(bsz, device=net_input["src_tokens"].device).repeat_interleave(beam))
+        self.encoder_out = encode_for_beam(self.model.encoder, net_input, beam)
         self.incremental_state: Dict[str, Dict[str, Tensor]] = {}
 
     def logits(self, tokens: Tensor) -> Tensor:
@@ -104,11 +109,7 @@ class FastPairSteps:
         self.engine, self.encoder = fast_step_parts(model, precision)
 
     def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
-        encoder_out = self.encoder.forward_torchscript(net_input)
-        bsz = net_input["src_tokens"].size(0)
-        encoder_out = self.encoder.reorder_encoder_out(
-            encoder_out, torch.arange(bsz, device=net_input["src_tokens"].device).repeat_interleave(beam))
-        self.engine.start(encoder_out, max_steps=max_len + 4)
+        self.engine.start(encode_for_beam(self.encoder, net_input, beam), max_steps=max_len + 4)
 
     def logits(self, tokens: Tensor) -> Tensor:
         features = self.engine.group_step(tokens[:, -2:], causal=False)

@@ -24,9 +24,8 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
-from ..common.textio import InputError
 from ..fast_step.generator import FastStepSequenceGenerator
-from ..fast_step.task import FastStepConfig, check_fast_step_model
+from ..fast_step.task import FastStepConfig, check_fast_step_models, fast_step_precision
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
 from .generator import (FORCED_EOD_SCORES, DoubleTokenGenerator, FastStepRightToLeftGenerator,
                         RightToLeftSequenceGenerator)
@@ -168,15 +167,10 @@ class DoubleTokenTranslationTask(TranslationTask):
 
     def _fast_step_precision(self, models) -> Optional[str]:
         """--fast-step's precision, or None without it; an InputError where the flags or the model do not fit."""
-        precision = str(self.cfg.fast_step_precision)
-        if not self.cfg.fast_step:
-            if precision != "fp32":
-                raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop "
-                                 "--fast-step-precision)")
+        precision = fast_step_precision(self.cfg)
+        if precision is None:
             return None
-        if len(models) != 1:
-            raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
-        check_fast_step_model(models[0], precision)
+        check_fast_step_models(models, precision)
         return precision
 
     @staticmethod

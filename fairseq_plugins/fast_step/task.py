@@ -9,6 +9,7 @@ translation. Any model trained with ``--task translation`` (the baseline) decode
 """
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import register_task
@@ -49,6 +50,24 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
         raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")
 
 
+def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:
+    """--fast-step-precision of a task's config with --fast-step, None without it (an InputError where the
+    precision is given without --fast-step)."""
+    precision = str(cfg.fast_step_precision)
+    if cfg.fast_step:
+        return precision
+    if precision != "fp32":
+        raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop --fast-step-precision)")
+    return None
+
+
+def check_fast_step_models(models, precision: str) -> None:
+    """``check_fast_step_model`` for a task's --path models, of which --fast-step runs one."""
+    if len(models) != 1:
+        raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
+    check_fast_step_model(models[0], precision)
+
+
 @dataclass
 class FastStepTranslationConfig(FastStepConfig, TranslationConfig):
     fast_step_shortlist: str = field(
@@ -87,10 +106,8 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
         self._check_flags()
         if not self.cfg.fast_step or getattr(args, "score_reference", False):
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-        if len(models) != 1:
-            raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
         precision = str(self.cfg.fast_step_precision)
-        check_fast_step_model(models[0], precision)
+        check_fast_step_models(models, precision)
         if getattr(args, "print_alignment", None):
             raise InputError("--print-alignment: not supported with --fast-step (it computes no attention "
                              "weights for the output)")
