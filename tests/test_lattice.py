@@ -18,25 +18,35 @@ from fairseq.modules import FairseqDropout
 from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
 from fairseq_plugins.common.align import align_corpus, find_binary, read_pharaoh
+from fairseq_plugins import native
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.lattice.ibm2 import CandidateTable, lattice_recall
 from fairseq_plugins.lattice.model import HoistedLatticeScorer, LatticeTransformerModel, lattice_transformer_tiny
-from fairseq_plugins.lattice.viterbi import viterbi
+from fairseq_plugins.lattice.viterbi import _beam_search_in_torch, beam_search_without_repeats, viterbi
 
 NEG = float("-inf")
 
 
 # --- Viterbi against brute force -------------------------------------------------------------------------------
 
-def brute_force(transitions, ends, allowed, k, order, lenpen, normalize):
-    """Every path of every allowed length, scored by walking the states one position at a time."""
+def repeats_an_ngram(tokens, n):
+    """Whether a token sequence holds some n-gram twice (what fairseq's --no-repeat-ngram-size forbids)."""
+    ngrams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(ngrams) != len(set(ngrams))
+
+
+def brute_force(transitions, ends, allowed, k, order, lenpen, normalize, tokens=None, no_repeat=0):
+    """Every path of every allowed length, scored by walking the states one position at a time; with
+    ``no_repeat`` n, those whose tokens (``tokens`` (positions, K)) repeat an n-gram are left out."""
     positions = transitions.size(0)
     best = {}
     for length in range(positions + 1):
         if not allowed[length]:
             continue
         for indices in itertools.product(range(k), repeat=length):
+            if no_repeat and repeats_an_ngram([int(tokens[t, i]) for t, i in enumerate(indices)], no_repeat):
+                continue
             state, score, steps = 0, 0.0, []
             for position, index in enumerate(indices):
                 step = float(transitions[position, state, index])
@@ -77,6 +87,97 @@ def test_viterbi_equals_brute_force_on_random_lattices(order, lenpen, normalize)
                 assert path.indices.tolist() == indices
                 raw = float(path.scores.sum())
                 assert (raw / (length + 1) ** lenpen if normalize else raw) == pytest.approx(score, abs=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # torch's loop; the native kernel
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("no_repeat", [1, 2, 3])
+def test_no_repeat_beam_search_at_full_width_equals_brute_force(order, no_repeat, dtype):
+    """With a beam as wide as every partial path, the search under --no-repeat-ngram-size is exact: the best
+    path of each allowed length among those that repeat no n-gram, found by enumeration. Tokens from a
+    vocabulary of 3 (2 for trigrams) over 5-6 positions make repeats common, so the rule binds."""
+    generator = torch.Generator().manual_seed(order * 10 + no_repeat)
+    vocabulary = 3 if no_repeat < 3 else 2
+    binding = 0
+    for trial in range(16):
+        k, positions, batch = 3, 5 + trial % 2, 2
+        transitions = -torch.rand(batch, positions, k ** order, k, generator=generator, dtype=dtype) * 3
+        ends = -torch.rand(batch, positions + 1, k ** order, generator=generator, dtype=dtype) * 3
+        transitions[torch.rand(transitions.shape, generator=generator) < 0.1] = NEG
+        tokens = torch.randint(4, 4 + vocabulary, (batch, positions, k), generator=generator)
+        allowed = torch.rand(batch, positions + 1, generator=generator) < 0.7
+        allowed[:, 0] = False
+        paths = beam_search_without_repeats(transitions, ends, allowed, tokens, k, no_repeat, beam=k ** positions,
+                                            order=order, nbest=positions + 1)
+        for b in range(batch):
+            expected = brute_force(transitions[b], ends[b], allowed[b], k, order, 1.0, True, tokens[b], no_repeat)
+            unconstrained = brute_force(transitions[b], ends[b], allowed[b], k, order, 1.0, True)
+            binding += expected != unconstrained
+            ranking = sorted(expected.items(), key=lambda item: -item[1][0])
+            assert [(p.length, p.indices.tolist()) for p in paths[b]] == [(n, i) for n, (_, i) in ranking]
+            tolerance = 1e-9 if dtype == torch.float64 else 1e-5
+            for path, (length, (score, indices)) in zip(paths[b], ranking, strict=True):
+                assert path.score == pytest.approx(score, abs=tolerance)
+                assert float(path.scores.sum()) / (length + 1) == pytest.approx(score, abs=tolerance)
+                assert path.scores.tolist() == path_steps(transitions[b], ends[b], indices, k, order)
+    assert binding >= 5  # the rule changed the answer in many lattices, so it is what is tested
+
+
+@pytest.mark.skipif(not native.available(), reason="needs a C compiler for the native kernels")
+@pytest.mark.parametrize("order", [1, 2])
+def test_no_repeat_beam_search_native_kernel_equals_the_torch_loop(order):
+    """The native kernel (float32 CPU lattices) keeps the same paths as the torch loop at every beam width and
+    n, with the same float32 sums; the lattices have impossible edges and lengths, and tokens that repeat."""
+    generator = torch.Generator().manual_seed(order)
+    k, positions, batch = 5, 9, 3
+    compared = 0
+    for n in (1, 2, 3):
+        for beam in (1, 3, 7, 40):
+            transitions = -torch.rand(batch, positions, k ** order, k, generator=generator) * 3
+            transitions[torch.rand(transitions.shape, generator=generator) < 0.2] = NEG
+            ends = -torch.rand(batch, positions + 1, k ** order, generator=generator) * 3
+            tokens = torch.randint(4, 9, (batch, positions, k), generator=generator)
+            allowed = torch.rand(batch, positions + 1, generator=generator) < 0.6
+            best_end, best_paths, best_steps = _beam_search_in_torch(transitions, ends, allowed, tokens, k, n, beam,
+                                                                     order)
+            for b in range(batch):
+                end, paths, steps = native.lattice_beam_search(transitions[b], ends[b], allowed[b], tokens[b],
+                                                               k ** (order - 1), n, beam)
+                assert torch.equal(end, best_end[b])
+                for length in torch.isfinite(end).nonzero().flatten().tolist():
+                    assert torch.equal(paths[length, :length], best_paths[b, length, :length])
+                    assert torch.equal(steps[length, :length + 1], best_steps[b, length, :length + 1])
+                    compared += 1
+    assert compared > 60
+
+
+def test_no_repeat_beam_search_narrow_beams_never_repeat():
+    """At any width the paths found repeat no n-gram, and a wider beam never finds a worse best path here."""
+    generator = torch.Generator().manual_seed(3)
+    k, positions, batch = 6, 12, 4
+    transitions = -torch.rand(batch, positions, k, k, generator=generator) * 3
+    ends = -torch.rand(batch, positions + 1, k, generator=generator) * 3
+    tokens = torch.randint(4, 8, (batch, positions, k), generator=generator)
+    allowed = torch.zeros(batch, positions + 1, dtype=torch.bool)
+    allowed[:, 8:] = True
+    for n in (1, 2, 3):
+        for beam in (1, 4, 16):
+            for b, paths in enumerate(beam_search_without_repeats(transitions, ends, allowed, tokens, k, n, beam,
+                                                                  nbest=3)):
+                for path in paths:
+                    found = [int(tokens[b, t, i]) for t, i in enumerate(path.indices.tolist())]
+                    assert not repeats_an_ngram(found, n) and 8 <= path.length <= positions
+    with pytest.raises(ValueError, match="no_repeat_ngram_size 0"):
+        beam_search_without_repeats(transitions, ends, allowed, tokens, k, 0, 4)
+
+
+def path_steps(transitions, ends, indices, k, order):
+    """The transition scores of one path (candidate indices), then its end score."""
+    state, steps = 0, []
+    for position, index in enumerate(indices):
+        steps.append(float(transitions[position, state, index]))
+        state = (state * k + index) % (k ** order)
+    return steps + [float(ends[len(indices), state])]
 
 
 def path_score(transitions, ends, indices, k, order):
@@ -718,8 +819,7 @@ def test_hoisted_tables_follow_the_weights():
 class EveryRowGenerator(LatticeGenerator):
     """The generator without the row skipping: every (position, state) row scored, impossible ones masked after."""
 
-    @staticmethod
-    def _possible_features(window_features, window_tokens, window_positions, state_valid, encoder_out):
+    def _possible_features(self, window_features, window_tokens, window_positions, state_valid, encoder_out):
         return window_features(window_tokens, window_positions, encoder_out)
 
 
@@ -957,6 +1057,60 @@ def test_int8_scorer_refusals(tmp_path):
     model.double()  # the generator rebuilds its scorer for the new weights, and refuses them
     with pytest.raises(ValueError, match=flag + ": quantizes a float32 model, this one is torch.float64"):
         generator.generate([model], {"net_input": {key: value for key, value in sample["net_input"].items()}})
+
+
+# --- adaptive K: --lattice-mass -------------------------------------------------------------------------------
+
+def test_lattice_mass_keeps_the_fewest_candidates_reaching_that_share_of_the_position():
+    """Against a loop: at each position, the smallest number n of the most likely candidates (at least 1, at
+    most K) whose probabilities sum to at least mass x the position's whole table probability; the others are
+    absent (probability 0), the kept ones unchanged."""
+    d, table, sources = random_table()
+    source = torch.full((len(sources[:10]), max(map(len, sources[:10]))), d.pad())
+    for row, s in enumerate(sources[:10]):
+        source[row, :len(s)] = torch.tensor(s)
+    lengths = torch.tensor([len(s) for s in sources[:10]])
+    excluded = [d.pad(), d.bos(), d.eos()]
+    targets, positions, k = table.predicted_lengths(lengths), 8, 6
+    full_tokens, full_probs = table.lattice(source, lengths, targets, positions, k, len(d), excluded)
+    dense = table.fill_with_frequent(table.position_distributions(source, lengths, targets, positions, len(d)))
+    dense[:, :, excluded] = 0
+    kept_counts = set()
+    # Counted probabilities are ratios of small integers: masses like 0.6 put partial sums exactly on the cut,
+    # where float rounding decides; these do not.
+    for mass in (0.37, 0.61, 0.93):
+        tokens, probs = table.lattice(source, lengths, targets, positions, k, len(d), excluded, mass=mass)
+        assert torch.equal(tokens, full_tokens)
+        for row in range(len(lengths)):
+            for t in range(positions):
+                total, ranked = float(dense[row, t].sum()), full_probs[row, t].tolist()
+                partial_sums = [sum(ranked[:i]) for i in range(1, k + 1)]
+                assert all(abs(p - mass * total) > 1e-6 * total for p in partial_sums)
+                n = next((i for i, p in enumerate(partial_sums, 1) if p >= mass * total), k)
+                assert probs[row, t, :n].tolist() == ranked[:n] and not probs[row, t, n:].any()
+                kept_counts.add(n)
+    assert len(kept_counts) >= 3  # the cut falls at different places, not always at 1 or at K
+
+
+def test_lattice_mass_one_is_fixed_k_and_a_smaller_mass_scores_fewer_rows():
+    model, d = tiny_model(1, layers=1, seed=3)
+    sample, table = random_batch(d, 6, seed=4), tiny_table(d)
+    fixed, whole = lattice_generator(model, d, table, k=8), lattice_generator(model, d, table, k=8, mass=1.0)
+    adaptive = lattice_generator(model, d, table, k=8, mass=0.5)
+    ours, theirs = whole.generate([model], sample), fixed.generate([model], sample)
+    for a, b in zip((h for hs in ours for h in hs), (h for hs in theirs for h in hs), strict=True):
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["positional_scores"], b["positional_scores"])
+    lattices = []
+    for generator in (fixed, adaptive):
+        generator.reset_generation_stats()
+        hypotheses = generator.generate([model], {"net_input": {key: v[:1] for key, v in sample["net_input"].items()}})
+        lattices.append(generator.generation_stats())
+        assert hypotheses[0] and hypotheses[0][0]["tokens"][-1] == d.eos()
+    assert lattices[1]["candidates_per_position"] < lattices[0]["candidates_per_position"] == 8
+    assert lattices[1]["scored_rows"] < lattices[0]["scored_rows"]
+    for mass in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=f"--lattice-mass {mass}: must be in \\(0, 1\\]"):
+            lattice_generator(model, d, table, mass=mass)
 
 
 def test_an_empty_source_still_gets_a_translation():

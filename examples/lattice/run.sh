@@ -10,6 +10,8 @@
 #                raw-1      original targets, 1 scorer layer
 #                distill-1  distilled targets, 1 scorer layer (the paper's setting)
 #                distill-2, distill-3   distilled targets, 2 and 3 scorer layers (paper Table 3)
+#   average  : the mean of each system's last AVERAGE (5) epoch checkpoints (fewer when patience stopped it
+#              sooner), checkpoint_avg.pt (it records which it averaged): what every later stage decodes
 #   evaluate : fairseq-generate --task lattice_translation on the whole test set, sacreBLEU
 #   bench    : fairseq-plugins bench of each system against the baseline transformer at beam 5 decoded in
 #              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
@@ -26,18 +28,21 @@
 #        distill-2 and distill-3 default to LAYERS_EPOCH), WARMUP (400), THREADS (training threads per
 #        system, 2), KS ("1 32 64 128"), K (64),
 #        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
-#        ALIGN_BACKEND (systran), WARM_START (1: encoder and embeddings from the baseline's checkpoint,
+#        LR (1e-3), AVERAGE (5), ALIGN_BACKEND (systran), WARM_START (1: encoder and embeddings from the baseline's checkpoint,
 #        --lattice-base-checkpoint; 0: from scratch), PATIENCE (3 validations without improvement stop a system;
-#        EPOCHS is a cap), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
+#        EPOCHS is a cap; the distilled systems' plateau is of validation BLEU, lattice decoding at K, when their
+#        table exists, the others' of validation loss), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/lattice}
-STAGES=${STAGES:-distill align table train evaluate bench ks layers fast summary}
+STAGES=${STAGES:-distill align table train average evaluate bench ks layers fast summary}
 SYSTEMS=${SYSTEMS:-raw-1 distill-1 distill-2 distill-3}
 EPOCHS=${EPOCHS:-6}
 LAYERS_EPOCH=${LAYERS_EPOCH:-3}
 : "${EPOCHS_distill_2:=$LAYERS_EPOCH}" "${EPOCHS_distill_3:=$LAYERS_EPOCH}"
 WARMUP=${WARMUP:-400}
+LR=${LR:-1e-3}
+AVERAGE=${AVERAGE:-5}
 K=${K:-64}
 RESULTS=${RESULTS:-docs/results}
 # shellcheck source=examples/common.sh
@@ -50,10 +55,19 @@ layers() { echo "${1#*-}"; }                       # raw-1 -> 1
 data_bin() { if [[ $1 == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"; fi; }
 tok_dir() { if [[ $1 == raw ]]; then echo "$DATA/tok"; else echo "$DISTILL/tok"; fi; }
 table() { echo "$WORK/$1/table.pt"; }
-checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_best.pt"; }
+checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
 warm_start_flags() {
   [[ ${WARM_START:-1} == 1 ]] && echo "--lattice-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"
   echo "--patience ${PATIENCE:-3}"
+}
+# The plateau of a system trained on distilled targets is of validation BLEU (lattice decoding at K): the
+# validation loss is on the references, which the distilled targets are not, and it rises while BLEU improves
+# (as for double_token's distilled systems). Without a table (e.g. on a device that lacks it), of validation loss.
+plateau_flags() {
+  if [[ $(corpus "$1") == distill && -f $(table distill) ]]; then
+    echo "--lattice-table $(table distill) --lattice-k $K --eval-bleu --eval-bleu-remove-bpe sentencepiece"
+    echo "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric"
+  fi
 }
 corpora() { for system in $SYSTEMS; do corpus "$system"; done | sort -u; }
 
@@ -87,11 +101,17 @@ if stage train; then
       --task lattice_translation --source-lang en --target-lang de \
       --arch lattice_transformer_multi30k --lattice-scorer-layers "$(layers "$system")" \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-      --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+      --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
       --max-tokens 4096 --max-epoch "$(epochs "$system")" --seed 1 \
-      --save-dir "$WORK/$system/checkpoints" $(warm_start_flags) \
+      --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" $(warm_start_flags) $(plateau_flags "$system") \
       --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
+  done
+fi
+
+if stage average; then
+  for system in $SYSTEMS; do
+    average_last_epochs "$WORK/$system/checkpoints" "$AVERAGE" "$(checkpoint "$system")"
   done
 fi
 

@@ -2,12 +2,14 @@
 the start of every ``generate`` call (refused inputs, one summary line at exit)."""
 
 import atexit
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 
-def refuse_unsupported_generation_flags(args, context: str, extra: Optional[Dict[str, bool]] = None) -> None:
+def refuse_unsupported_generation_flags(args, context: str, extra: Optional[Dict[str, bool]] = None,
+                                        supported: Sequence[str] = ()) -> None:
     """Raise a ValueError naming the first fairseq generation flag set in ``args`` that a method's own generator
-    does not implement; ``extra`` maps further flag descriptions to whether they were given (checked first)."""
+    does not implement; ``extra`` maps further flag descriptions to whether they were given (checked first);
+    flags in ``supported`` are the generator's to handle."""
     unsupported = {
         **(extra or {}),
         "--sampling": getattr(args, "sampling", False),
@@ -21,7 +23,7 @@ def refuse_unsupported_generation_flags(args, context: str, extra: Optional[Dict
         "--score-reference": getattr(args, "score_reference", False),
     }
     for flag, given in unsupported.items():
-        if given:
+        if given and flag not in supported:
             raise ValueError(f"{flag}: not supported with {context}")
 
 

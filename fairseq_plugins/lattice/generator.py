@@ -29,7 +29,7 @@ from ..common.generation import MethodGenerator
 from ..int8 import int8_encoder
 from .ibm2 import CandidateTable, never_candidates
 from .model import HoistedLatticeScorer
-from .viterbi import viterbi
+from .viterbi import beam_search_without_repeats, viterbi
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +43,16 @@ class LatticeGenerator(MethodGenerator):
     def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
                  normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
                  max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True,
-                 precision: str = "fp32", encoder_precision: str = "fp32"):
+                 precision: str = "fp32", encoder_precision: str = "fp32", mass: float = 1.0,
+                 no_repeat_ngram_size: int = 0, beam: int = 0):
         if len(models) != 1:
             raise ValueError("lattice decoding takes one model (no ensembles)")
         if k < 1:
             raise ValueError(f"--lattice-k {k}: needs at least one candidate per position")
+        if not 0.0 < mass <= 1.0:
+            raise ValueError(f"--lattice-mass {mass}: must be in (0, 1] (1 keeps all K candidates of a position)")
+        if no_repeat_ngram_size < 0 or beam < 0:
+            raise ValueError(f"--no-repeat-ngram-size {no_repeat_ngram_size}, --lattice-beam {beam}: must be >= 0")
         if length_delta < 0:
             raise ValueError(f"--lattice-length-delta {length_delta}: must be >= 0")
         if normalization not in NORMALIZATIONS:
@@ -68,6 +73,9 @@ class LatticeGenerator(MethodGenerator):
         self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
         self.vocab_size = len(tgt_dict)
         self.k = min(k, self.vocab_size)
+        self.mass = mass
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.beam = beam or self.k  # the search under --no-repeat-ngram-size; Viterbi otherwise
         self.excluded = never_candidates(tgt_dict)
         self.table = table
         self.length_delta = length_delta
@@ -84,7 +92,7 @@ class LatticeGenerator(MethodGenerator):
     def reset_generation_stats(self) -> None:
         self._stats = {f"{phase}_seconds": 0.0 for phase in PHASES}
         self._stats.update(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
-                           lattice_positions=0)
+                           lattice_positions=0, lattice_candidates=0, scored_rows=0)
 
     def generation_stats(self) -> Dict:
         stats = dict(self._stats)
@@ -93,8 +101,11 @@ class LatticeGenerator(MethodGenerator):
         if stats["sentences"]:
             for phase in PHASES:
                 stats[f"{phase}_ms_per_sentence"] = 1000 * stats[f"{phase}_seconds"] / stats["sentences"]
-        stats.update(k=self.k, length_delta=self.length_delta, normalization=self.normalization,
-                     markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist,
+        if stats["lattice_positions"]:
+            stats["candidates_per_position"] = stats["lattice_candidates"] / stats["lattice_positions"]
+        stats.update(k=self.k, mass=self.mass, no_repeat_ngram_size=self.no_repeat_ngram_size,
+                     search_beam=self.beam if self.no_repeat_ngram_size else None, length_delta=self.length_delta,
+                     normalization=self.normalization, markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist,
                      scorer_precision=self.precision, encoder_precision=self.encoder_precision)
         return stats
 
@@ -104,8 +115,10 @@ class LatticeGenerator(MethodGenerator):
             return
         phases = ", ".join(f"{phase} {stats[f'{phase}_ms_per_sentence']:.2f}" for phase in PHASES)
         recall = f"; lattice recall of the references {stats['lattice_recall']:.3f}" if "lattice_recall" in stats else ""
-        logger.info("lattice decoding: %d sentences, K=%d, lengths L+-%d; ms per sentence: %s%s", stats["sentences"],
-                    self.k, self.length_delta, phases, recall)
+        width = f"K={self.k}" if self.mass >= 1.0 else (f"K={self.k}, mass {self.mass:g} "
+                                                         f"({stats['candidates_per_position']:.1f} candidates a position)")
+        logger.info("lattice decoding: %d sentences, %s, lengths L+-%d; ms per sentence: %s%s", stats["sentences"],
+                    width, self.length_delta, phases, recall)
 
     def _tick(self, phase: str, start: float, device: torch.device) -> float:
         if device.type == "cuda":
@@ -172,8 +185,7 @@ class LatticeGenerator(MethodGenerator):
             self._hoisted = HoistedLatticeScorer(self.scorer, self.precision)
         return self._hoisted.window_features
 
-    @staticmethod
-    def _possible_features(window_features, window_tokens: Tensor, window_positions: Tensor, state_valid: Tensor,
+    def _possible_features(self, window_features, window_tokens: Tensor, window_positions: Tensor, state_valid: Tensor,
                            encoder_out) -> Tensor:
         """(batch, rows, dim) features of the (batch, rows, order) windows, computed only for the rows whose
         state is possible in some sentence of the batch; the others (e.g. the K - 1 padding states at position
@@ -183,8 +195,10 @@ class LatticeGenerator(MethodGenerator):
         batch, rows, order = window_tokens.shape
         keep = state_valid.view(batch, rows).any(dim=0)
         if bool(keep.all()):
+            self._stats["scored_rows"] += batch * rows
             return window_features(window_tokens, window_positions, encoder_out)
         kept = keep.nonzero().squeeze(1)
+        self._stats["scored_rows"] += batch * kept.numel()
         computed = window_features(window_tokens.index_select(1, kept), window_positions.index_select(1, kept),
                                    encoder_out)
         features = computed.new_zeros(batch, rows, computed.size(-1))
@@ -221,7 +235,7 @@ class LatticeGenerator(MethodGenerator):
         positions = int(longest.max())
         # One position more than the longest path: its candidates normalise the final EOS like any other.
         lattice_tokens, lattice_probs = self.table.lattice(source, source_lengths, estimate, positions + 1, self.k,
-                                                           self.vocab_size, self.excluded)
+                                                           self.vocab_size, self.excluded, self.mass)
         lattice_valid = lattice_probs > 0
         started = self._tick("lattice", started, device)
 
@@ -240,8 +254,13 @@ class LatticeGenerator(MethodGenerator):
 
         lengths = torch.arange(positions + 1, device=device).unsqueeze(0)
         allowed = (lengths >= shortest.unsqueeze(1)) & (lengths <= longest.unsqueeze(1))
-        paths = viterbi(transitions, ends, allowed, self.k, order, lenpen=self.lenpen,
-                        normalize=self.normalize_scores, nbest=self.nbest)
+        if self.no_repeat_ngram_size:
+            paths = beam_search_without_repeats(transitions, ends, allowed, lattice_tokens[:, :positions], self.k,
+                                                self.no_repeat_ngram_size, self.beam, order, lenpen=self.lenpen,
+                                                normalize=self.normalize_scores, nbest=self.nbest)
+        else:
+            paths = viterbi(transitions, ends, allowed, self.k, order, lenpen=self.lenpen,
+                            normalize=self.normalize_scores, nbest=self.nbest)
         hypotheses = []
         for b, sentence_paths in enumerate(paths):
             hypotheses.append([self._hypothesis(lattice_tokens[b], path) for path in sentence_paths])
@@ -250,6 +269,8 @@ class LatticeGenerator(MethodGenerator):
         self._stats["sentences"] += batch
         self._stats["batches"] += 1
         self._stats["lattice_positions"] += int(longest.sum())
+        within_longest = torch.arange(positions, device=device).unsqueeze(0) < longest.unsqueeze(1)
+        self._stats["lattice_candidates"] += int((lattice_valid[:, :positions] & within_longest.unsqueeze(-1)).sum())
         if sample.get("target") is not None:
             self._count_recall(sample["target"], lattice_tokens, lattice_valid)
         return hypotheses

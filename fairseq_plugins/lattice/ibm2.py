@@ -244,16 +244,29 @@ class CandidateTable:
         return dense + UNIGRAM_FILL * self.unigram_probs.to(dense)
 
     def lattice(self, source: Tensor, source_lengths: Tensor, target_lengths: Tensor, positions: int, k: int,
-                vocabulary: int, excluded: Sequence[int] = ()) -> Tuple[Tensor, Tensor]:
+                vocabulary: int, excluded: Sequence[int] = (), mass: float = 1.0) -> Tuple[Tensor, Tensor]:
         """Top-``k`` tokens of P(y_t | x, t) at t = 1..positions: (tokens, probs), each (batch, positions, k),
         most likely first. ``excluded`` ids (special symbols) never enter; a slot with probability 0 (fewer
-        than k tokens with any mass) holds an arbitrary token and must be treated as absent."""
+        than k tokens with any mass, or past ``mass``) holds an arbitrary token and must be treated as absent.
+        ``mass`` < 1 keeps, at each position, only the most likely candidates needed to reach that share of the
+        position's whole table mass (at least one, at most k): an adaptive K."""
         dense = self.position_distributions(source, source_lengths, target_lengths, positions, vocabulary)
         dense = self.fill_with_frequent(dense)
         if excluded:
             dense[:, :, list(excluded)] = -1.0
         probs, tokens = dense.topk(min(k, vocabulary), dim=-1)
-        return tokens, probs.clamp(min=0)
+        probs = probs.clamp(min=0)
+        if mass < 1.0:
+            probs = probs * within_mass(probs, dense.clamp(min=0).sum(dim=-1), mass)
+        return tokens, probs
+
+
+def within_mass(probs: Tensor, totals: Tensor, mass: float) -> Tensor:
+    """Which of each position's candidates (``probs`` (..., k), most likely first) are needed to reach ``mass``
+    of the position's total probability ``totals`` (...): a candidate is kept while the ones before it hold
+    less than that, so the first always is."""
+    before = probs.cumsum(dim=-1) - probs
+    return before < mass * totals.unsqueeze(-1)
 
 
 def _least_squares(x: Tensor, y: Tensor) -> Tuple[float, float]:

@@ -30,6 +30,17 @@ class LatticeTranslationConfig(TranslationConfig):
         default="", metadata={"help": "candidate table from `fairseq-plugins lattice-table` (needed to decode)"},
     )
     lattice_k: int = field(default=64, metadata={"help": "candidates per target position (the lattice's width K)"})
+    lattice_mass: float = field(
+        default=1.0,
+        metadata={"help": "adaptive K: keep at each position only the most likely candidates needed to reach this "
+                          "share of the position's table probability (at least 1, at most --lattice-k); fewer "
+                          "candidates, fewer rows to score. 1 keeps all K"},
+    )
+    lattice_beam: int = field(
+        default=0,
+        metadata={"help": "with --no-repeat-ngram-size: paths kept by the beam search over the scored lattice that "
+                          "replaces Viterbi (whose states do not hold the history the rule needs); 0: K"},
+    )
     lattice_length_delta: int = field(
         default=3, metadata={"help": "decode every length L - dL .. L + dL around the table's length estimate L"},
     )
@@ -99,7 +110,7 @@ class LatticeTranslationTask(TranslationTask):
         refuse_unsupported_generation_flags(args, "lattice decoding", extra={
             "--unkpen": getattr(args, "unkpen", 0) != 0,
             "--temperature": getattr(args, "temperature", 1.0) != 1.0,
-        })
+        }, supported=("--no-repeat-ngram-size",))
         device = next(models[0].parameters()).device
         precision = str(self.cfg.lattice_scorer_precision)
         if precision == "int8":
@@ -124,4 +135,6 @@ class LatticeTranslationTask(TranslationTask):
             normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
             max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
             hoist=not self.cfg.lattice_no_hoist, precision=precision, encoder_precision=encoder_precision,
+            mass=self.cfg.lattice_mass, no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0),
+            beam=self.cfg.lattice_beam,
         )

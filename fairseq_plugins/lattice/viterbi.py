@@ -13,6 +13,8 @@ from typing import List, NamedTuple
 import torch
 from torch import Tensor
 
+from .. import native
+
 
 class LatticePath(NamedTuple):
     indices: Tensor  # candidate index per position 1..length, (length,)
@@ -84,3 +86,113 @@ def _backtrack(pointers, state: int, length: int, k: int, suffixes: int) -> List
         state = first * suffixes + state // k
         states.append(state)
     return states[::-1]
+
+
+def beam_search_without_repeats(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, candidate_tokens: Tensor,
+                                k: int, no_repeat_ngram_size: int, beam: int, order: int = 1, lenpen: float = 1.0,
+                                normalize: bool = True, nbest: int = 1) -> List[List[LatticePath]]:
+    """Best paths of a batch of lattices under fairseq's ``--no-repeat-ngram-size`` rule: no path repeats an
+    n-gram of tokens. The rule depends on the whole history, which Viterbi's states (the last ``order``
+    candidates) do not hold, so this is a beam search over the already scored lattice: ``beam`` partial paths
+    per sentence, each extended by every candidate of the next position whose token would not complete an
+    n-gram the path already contains (fairseq's NGramRepeatBlock), the best ``beam`` kept; a path of an allowed
+    length l may end there (its score plus the end score), and the best ending of each length is kept. When the
+    beam holds every partial path (small lattices) this is exact; otherwise it is a search, as fairseq's.
+
+    Shapes as ``viterbi``, plus ``candidate_tokens`` (batch, positions, K): the token of each candidate slot.
+    Returns the same: per sentence, up to ``nbest`` paths of different lengths, best first. float32 lattices on
+    the CPU run in the native kernel (one sentence at a time, ~0.05 ms at K = 32 against ~2.5 ms for the torch
+    loop), the others in torch operations; the two keep the same paths (ties aside)."""
+    batch, positions, states, width = transitions.shape
+    if width != k or states != k ** order or ends.shape != (batch, positions + 1, states):
+        raise ValueError(f"lattice shapes disagree: transitions {tuple(transitions.shape)}, ends "
+                         f"{tuple(ends.shape)}, K={k}, order={order}")
+    if no_repeat_ngram_size < 1 or beam < 1:
+        raise ValueError(f"no_repeat_ngram_size {no_repeat_ngram_size} and beam {beam} must be >= 1")
+    if transitions.dtype == torch.float32 and transitions.device.type == "cpu" and native.available():
+        found = [native.lattice_beam_search(transitions[b], ends[b], allowed_lengths[b], candidate_tokens[b],
+                                            k ** (order - 1), no_repeat_ngram_size, beam) for b in range(batch)]
+        best_end, best_paths, best_steps = (torch.stack(parts) for parts in zip(*found))
+    else:
+        best_end, best_paths, best_steps = _beam_search_in_torch(transitions, ends, allowed_lengths,
+                                                                 candidate_tokens, k, no_repeat_ngram_size, beam,
+                                                                 order)
+    lengths = torch.arange(positions + 1, dtype=best_end.dtype)
+    ranked = best_end.cpu()
+    ranked = ranked / (lengths + 1) ** lenpen if normalize else ranked
+    best_paths, best_steps = best_paths.cpu(), best_steps.cpu()
+    results = []
+    for b in range(batch):
+        paths = []
+        for length in ranked[b].argsort(descending=True)[:nbest].tolist():
+            if ranked[b, length] == float("-inf"):
+                break
+            paths.append(LatticePath(best_paths[b, length, :length].clone(), best_steps[b, length, :length + 1].clone(),
+                                     float(ranked[b, length]), length))
+        results.append(paths)
+    return results
+
+
+def _beam_search_in_torch(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, candidate_tokens: Tensor,
+                          k: int, n: int, beam: int, order: int):
+    """``beam_search_without_repeats``' search, batched in torch operations: the best ending score of each
+    length (batch, P + 1), and each length's best path (batch, P + 1, P) and its step scores with the end's
+    (batch, P + 1, P + 1), meaningful where the score is finite."""
+    batch, positions = transitions.shape[:2]
+    device, dtype = transitions.device, transitions.dtype
+    rows = torch.arange(batch, device=device)
+    state = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the start state
+    score = torch.zeros(batch, 1, dtype=dtype, device=device)
+    history = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)  # candidate indices on each path
+    tokens = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)  # their tokens
+    steps = torch.zeros(batch, 1, 0, dtype=dtype, device=device)  # their transition scores
+    best_end = torch.full((batch, positions + 1), float("-inf"), dtype=dtype, device=device)
+    best_paths = torch.zeros(batch, positions + 1, max(positions, 1), dtype=torch.long, device=device)
+    best_steps = torch.zeros(batch, positions + 1, positions + 1, dtype=dtype, device=device)
+    suffixes = k ** (order - 1)
+    for length in range(positions + 1):
+        # Paths of this length end here (end score from their state), where the length is allowed.
+        end_steps = ends[:, length].gather(1, state)
+        ending = (score + end_steps).masked_fill(~allowed_lengths[:, length:length + 1], float("-inf"))
+        best_end[:, length], end_at = ending.max(dim=1)
+        best_paths[:, length, :length] = history[rows, end_at]
+        best_steps[:, length, :length] = steps[rows, end_at]
+        best_steps[:, length, length] = end_steps[rows, end_at]
+        if length == positions:
+            break
+        extended = transitions[rows.unsqueeze(1), length, state]  # (batch, paths, K)
+        banned = _repeating(tokens, candidate_tokens[:, length], n)
+        if banned is not None:
+            extended = extended.masked_fill(banned, float("-inf"))
+        candidates = (score.unsqueeze(2) + extended).view(batch, -1)
+        score, chosen = candidates.topk(min(beam, candidates.size(1)), dim=1)
+        path, candidate = chosen // k, chosen % k
+        state = (state.gather(1, path) % suffixes) * k + candidate
+
+        def grow(old: Tensor, new: Tensor) -> Tensor:  # each kept path's history, one position longer
+            return torch.cat([old.gather(1, path.unsqueeze(2).expand(-1, -1, length)), new.unsqueeze(2)], dim=2)
+        history = grow(history, candidate)
+        tokens = grow(tokens, candidate_tokens[:, length].gather(1, candidate))
+        steps = grow(steps, extended.view(batch, -1).gather(1, chosen))
+    return best_end, best_paths, best_steps
+
+
+def _repeating(tokens: Tensor, next_tokens: Tensor, n: int):
+    """(batch, paths, K) bool: whether candidate c after path p would complete an n-gram that p already holds
+    (fairseq's rule), from the paths' tokens (batch, paths, length) and the next position's (batch, K); None
+    when no path is long enough to hold one."""
+    length = tokens.size(2)
+    if length < n - 1 or length == 0:
+        return None
+    # Earlier n-grams: their first n - 1 tokens (windows j .. j + n - 2, j = 0 .. length - n + 1) and the
+    # token after them; a candidate is banned when a window equals the path's last n - 1 tokens.
+    followers = tokens[:, :, n - 1:]  # (batch, paths, length - n + 1)
+    if followers.size(2) == 0:
+        return None
+    if n == 1:
+        match = torch.ones_like(followers, dtype=torch.bool)
+    else:
+        windows = tokens.unfold(2, n - 1, 1)[:, :, :followers.size(2)]  # (batch, paths, length - n + 1, n - 1)
+        match = (windows == tokens[:, :, length - n + 1:].unsqueeze(2)).all(dim=3)
+    hits = (followers.unsqueeze(3) == next_tokens.view(next_tokens.size(0), 1, 1, -1)) & match.unsqueeze(3)
+    return hits.any(dim=2)

@@ -85,6 +85,9 @@ def available() -> bool:
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
                                                       pointer, size, size]
             library.fp_decoder_layer_step.restype = None
+            library.fp_lattice_beam_search.argtypes = [pointer, pointer, pointer, pointer, size, size, size, size,
+                                                       size, size, pointer, pointer, pointer]
+            library.fp_lattice_beam_search.restype = ctypes.c_int
             _library = library
         except (OSError, RuntimeError) as error:
             _failure = str(error)
@@ -236,3 +239,26 @@ def reference_product(x: Tensor, weight: Tensor, scales: Tensor, bias: Optional[
     sums = (quantized.double() @ weight[:, :dim].double().t()).float()  # exact: |sums| < 2^24 here
     y = sums * row_scales.unsqueeze(1) * scales.unsqueeze(0)
     return y if bias is None else y + bias
+
+
+def lattice_beam_search(transitions: Tensor, ends: Tensor, allowed: Tensor, tokens: Tensor, suffixes: int, n: int,
+                        beam: int):
+    """``fp_lattice_beam_search`` on one sentence's lattice: transitions (P, S, K) and ends (P + 1, S) float32,
+    allowed (P + 1) bool, tokens (P, K) int64, all CPU. Returns the best ending score of each length (P + 1),
+    and each length's best path (P + 1, P) and its step scores with the end's (P + 1, P + 1), meaningful where
+    the score is finite."""
+    positions, states, k = transitions.shape
+    if not (transitions.dtype == ends.dtype == torch.float32 and ends.shape == (positions + 1, states)
+            and allowed.shape == (positions + 1,) and tokens.shape == (positions, k) and tokens.dtype == torch.int64
+            and suffixes * k == states and n >= 1 and beam >= 1):
+        raise ValueError("fp_lattice_beam_search: tensors of unexpected shapes or types")
+    transitions, ends, tokens = transitions.contiguous(), ends.contiguous(), tokens.contiguous()
+    allowed = allowed.to(torch.uint8).contiguous()
+    best_end = torch.empty(positions + 1)
+    best_paths = torch.zeros(positions + 1, max(positions, 1), dtype=torch.int64)
+    best_steps = torch.zeros(positions + 1, positions + 1)
+    if _library.fp_lattice_beam_search(_pointer(transitions), _pointer(ends), allowed.data_ptr(), tokens.data_ptr(),
+                                       positions, states, k, suffixes, n, beam, best_end.data_ptr(),
+                                       best_paths.data_ptr(), best_steps.data_ptr()) != 0:
+        raise MemoryError("fp_lattice_beam_search: out of memory")
+    return best_end, best_paths, best_steps
