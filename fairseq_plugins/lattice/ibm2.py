@@ -230,10 +230,11 @@ class CandidateTable:
         keys = source.unsqueeze(1) * span + (offset + self.max_offset)
         usable = (offset.abs() <= self.max_offset) & (a <= source_lengths.view(batch, 1, 1))
         row = torch.searchsorted(self.lexical_keys, keys.reshape(-1)).clamp(max=len(self.lexical_keys) - 1)
-        row = row.view(keys.shape)
-        found = usable & (self.lexical_keys[row] == keys)
-        mass = self.lexical_probs[row] * (weights * found).unsqueeze(-1)  # (batch, positions, max_source, top_n)
-        tokens = self.lexical_tokens[row]
+        found = usable & (self.lexical_keys.index_select(0, row).view(keys.shape) == keys)
+        top_n = self.lexical_probs.size(1)
+        # (batch, positions, max_source, top_n); index_select rather than indexing: faster on the CPU
+        mass = self.lexical_probs.index_select(0, row).view(*keys.shape, top_n) * (weights * found).unsqueeze(-1)
+        tokens = self.lexical_tokens.index_select(0, row).view(*keys.shape, top_n)
         dense = torch.zeros(batch, positions, vocabulary, device=device, dtype=mass.dtype)
         dense.scatter_add_(2, tokens.reshape(batch, positions, -1), mass.reshape(batch, positions, -1))
         return dense
