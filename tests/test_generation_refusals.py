@@ -54,3 +54,10 @@ def test_a_generate_call_with_a_prefix_or_constraints_is_refused():
         generator._begin_generate(prefix_tokens=None, constraints=[[4]])
     generator._begin_generate(prefix_tokens=None, constraints=None)
     assert generator._summary_registered  # its summary runs at exit, once
+
+
+def test_a_flag_the_generator_supports_is_not_refused():
+    args = generation_args("--no-repeat-ngram-size", "3")
+    refuse_unsupported_generation_flags(args, "x", supported=("--no-repeat-ngram-size",))
+    with pytest.raises(ValueError, match="^--sampling: not supported with x$"):
+        refuse_unsupported_generation_flags(generation_args("--sampling"), "x", supported=("--no-repeat-ngram-size",))

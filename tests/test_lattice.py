@@ -1212,6 +1212,18 @@ def test_recall_and_fairseq_generate_on_the_trained_model(lattice_trained, tmp_p
     same = sum(a.split("\t")[2] == b.split("\t")[2]
                for a, b in zip(hypotheses(int8.stdout), hypotheses(batched.stdout), strict=True))
     assert abs(int8_bleu - bleu) < 2 and same >= 30, (int8_bleu, bleu, same)
+    # --no-repeat-ngram-size: the beam search over the scored lattice. Where the rule cannot bind (n longer than any
+    # path) it finds Viterbi's paths; at n = 2 no hypothesis repeats a bigram of pieces (this model's Viterbi
+    # outputs mostly do).
+    texts = lambda out: [line.split("\t")[2] for line in hypotheses(out)]  # noqa: E731
+    unbound = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16,
+                       "--no-repeat-ngram-size", 60)
+    assert texts(unbound.stdout) == texts(batched.stdout) and "no-repeat-60 search, beam 64" in unbound.stderr
+    no_repeat = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16,
+                         "--no-repeat-ngram-size", 2, "--lattice-beam", 16)
+    assert len(texts(no_repeat.stdout)) == 40 and "beam 16" in no_repeat.stderr
+    assert not any(repeats_an_ngram(text.split(), 2) for text in texts(no_repeat.stdout))
+    assert sum(repeats_an_ngram(text.split(), 2) for text in texts(batched.stdout)) >= 20
     # --nbest: the best paths of different lengths, best first.
     nbest = generate(lattice_trained, "--lattice-table", lattice_trained["table"], "--batch-size", 16, "--nbest", 2)
     scores = {}
@@ -1236,7 +1248,7 @@ def test_fairseq_interactive_decodes_with_the_lattice(lattice_trained):
 
 @pytest.mark.parametrize("flags, message", [
     ([], "--lattice-table: lattice decoding needs the candidate table"),
-    (["--lattice-table", "TABLE", "--no-repeat-ngram-size", 2], "--no-repeat-ngram-size: not supported with lattice"),
+    (["--lattice-table", "TABLE", "--lattice-mass", 1.5], "--lattice-mass 1.5: must be in (0, 1]"),
     (["--lattice-table", "TABLE", "--unkpen", 1], "--unkpen: not supported with lattice decoding"),
     (["--lattice-table", "TABLE", "--path", "BASELINE"], "decodes a lattice_transformer, not TransformerModel"),
     (["--lattice-table", "TABLE", "--lattice-scorer-precision", "int8", "--fp16"],

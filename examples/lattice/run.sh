@@ -17,9 +17,10 @@
 #              the same run (--baseline-path), one thread, one sentence at a time (latency), K=64
 #   ks       : the same for distill-1 at each K of KS (paper Table 2)
 #   layers   : distill-1, -2, -3 after LAYERS_EPOCH (3) epochs each: BLEU and a bench row (paper Table 3)
-#   fast     : distill-1 at each K of FAST_KS (32 64) x precision of FAST_PRECISIONS (fp32 int8: the scorer's
-#              feed-forward matrices and the encoder's, --lattice-scorer-precision and --lattice-encoder-precision):
-#              whole-test BLEU and a bench row each -> RESULTS/lattice_fast.json
+#   fast     : distill-1 at each K of FAST_KS (24 32 64) x precision of FAST_PRECISIONS (fp32 int8: the scorer's
+#              feed-forward matrices and the encoder's, --lattice-scorer-precision and --lattice-encoder-precision)
+#              x FAST_NO_REPEAT (0 3: Viterbi, or --no-repeat-ngram-size 3): whole-test BLEU and a bench row each
+#              -> RESULTS/lattice_fast.json
 #   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
@@ -191,23 +192,32 @@ if stage layers; then
 fi
 
 if stage fast; then
-  # The latency settings on distill-1: K x scorer precision (hoisting is on by default), each with its
-  # whole-test BLEU (fairseq-generate) and a bench row against the baseline at beam 5.
+  # The latency settings on distill-1: K x precision (of the scorer's feed-forward matrices and the encoder's)
+  # x --no-repeat-ngram-size (0: Viterbi; n: the beam search over the scored lattice that forbids repeated
+  # n-grams), hoisting on (the default); each with its whole-test BLEU (fairseq-generate) and a bench row against
+  # the baseline at beam 5. Labels "distill-1 K=32 int8 [nr3]", outputs generate.k32.int8[.nr3].out.
   json=$RESULTS/lattice_fast.json
   rm -f "$json.tmp"
-  for k in ${FAST_KS:-32 64}; do
+  for k in ${FAST_KS:-24 32 64}; do
     for precision in ${FAST_PRECISIONS:-fp32 int8}; do
-      flags=(--lattice-k "$k" --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision")
-      out=$WORK/distill-1/generate.k$k.$precision.out
-      # shellcheck disable=SC2046
-      record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags distill-1) "${flags[@]}" \
-        --path "$(checkpoint distill-1)" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
-        > "$out.tmp"
-      mv "$out.tmp" "$out"
-      fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
-      sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
-      echo "distill-1 K=$k $precision: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
-      bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 K=$k $precision" "$json.tmp" "${flags[@]}"
+      for no_repeat in ${FAST_NO_REPEAT:-0 3}; do
+        flags=(--lattice-k "$k" --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision")
+        setting="K=$k $precision" slug="k$k.$precision"
+        if [[ $no_repeat != 0 ]]; then
+          flags+=(--no-repeat-ngram-size "$no_repeat")
+          setting+=" nr$no_repeat" slug+=".nr$no_repeat"
+        fi
+        out=$WORK/distill-1/generate.$slug.out
+        # shellcheck disable=SC2046
+        record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags distill-1) "${flags[@]}" \
+          --path "$(checkpoint distill-1)" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
+          > "$out.tmp"
+        mv "$out.tmp" "$out"
+        fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
+        sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
+        echo "distill-1 $setting: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
+        bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 $setting" "$json.tmp" "${flags[@]}"
+      done
     done
   done
   mv "$json.tmp" "$json"

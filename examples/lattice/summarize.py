@@ -43,7 +43,7 @@ def main():
     p.add_argument("--bench", required=True, help="bench JSON of stage bench")
     p.add_argument("--ks", help="bench JSON of stage ks")
     p.add_argument("--layers", help="bench JSON of stage layers")
-    p.add_argument("--fast", help="bench JSON of stage fast (distill-1 at K x scorer precision)")
+    p.add_argument("--fast", help="bench JSON of stage fast (distill-1 at K x precision x no-repeat rule)")
     p.add_argument("--layers-epoch", type=int, default=3, help="the epoch stage layers compared")
     p.add_argument("--recall", nargs="*", default=[], help="lattice-recall JSONs")
     p.add_argument("--commands", required=True)
@@ -87,9 +87,11 @@ def main():
     fast = []
     if args.fast and os.path.exists(args.fast):
         for r in report.load_results(args.fast):
-            system, k, precision = r["label"].split()  # "distill-1 K=32 int8"
-            row = {**bench_row(r), "scorer_precision": precision}
-            out = os.path.join(args.work, system, f"generate.k{k[2:]}.{precision}.out.bleu.json")
+            system, k, precision, *search = r["label"].split()  # "distill-1 K=32 int8 [nr3]"
+            row = {**bench_row(r), "scorer_precision": precision,
+                   "no_repeat_ngram_size": int(search[0][2:]) if search else 0}
+            slug = ".".join([f"k{k[2:]}", precision, *search])
+            out = os.path.join(args.work, system, f"generate.{slug}.out.bleu.json")
             with open(out, encoding="utf-8") as f:
                 bleu = json.load(f)
             row.update({"bleu": bleu["score"], "bleu_verbose": bleu["verbose_score"],
@@ -148,9 +150,9 @@ def main():
                          f"{row['lattice_recall']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
         lines += report.flag_note_lines([(row["label"], row) for row in rows])
     if fast:
-        lines += ["", "## Latency settings (distill-1: K x scorer precision, hoisted scorer)", "",
+        lines += ["", "## Latency settings (distill-1: K x precision x nrN = --no-repeat-ngram-size N, hoisted scorer)", "",
                   "| setting | BLEU (whole test) | gap | precisions, BP, ratio | speed ratio (min-max) | latency ms | "
-                  "baseline ms | encoder / lattice / scoring / Viterbi ms |", "|---|---|---|---|---|---|---|---|"]
+                  "baseline ms | encoder / lattice / scoring / Viterbi or search ms |", "|---|---|---|---|---|---|---|---|"]
         for row in fast:
             lines.append(f"| {row['label']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
                          f"{row['bleu_verbose']} | {report.speed_cell(row)} | {row['latency_ms_p50']} | "

@@ -105,8 +105,9 @@ class LatticeGenerator(MethodGenerator):
             stats["candidates_per_position"] = stats["lattice_candidates"] / stats["lattice_positions"]
         stats.update(k=self.k, mass=self.mass, no_repeat_ngram_size=self.no_repeat_ngram_size,
                      search_beam=self.beam if self.no_repeat_ngram_size else None, length_delta=self.length_delta,
-                     normalization=self.normalization, markov_order=self.order, scorer_layers=len(self.scorer.layers), hoisted=self.hoist,
-                     scorer_precision=self.precision, encoder_precision=self.encoder_precision)
+                     normalization=self.normalization, markov_order=self.order,
+                     scorer_layers=len(self.scorer.layers), hoisted=self.hoist, scorer_precision=self.precision,
+                     encoder_precision=self.encoder_precision)
         return stats
 
     def _log_summary(self) -> None:
@@ -115,10 +116,13 @@ class LatticeGenerator(MethodGenerator):
             return
         phases = ", ".join(f"{phase} {stats[f'{phase}_ms_per_sentence']:.2f}" for phase in PHASES)
         recall = f"; lattice recall of the references {stats['lattice_recall']:.3f}" if "lattice_recall" in stats else ""
-        width = f"K={self.k}" if self.mass >= 1.0 else (f"K={self.k}, mass {self.mass:g} "
-                                                         f"({stats['candidates_per_position']:.1f} candidates a position)")
-        logger.info("lattice decoding: %d sentences, %s, lengths L+-%d; ms per sentence: %s%s", stats["sentences"],
-                    width, self.length_delta, phases, recall)
+        width = f"K={self.k}"
+        if self.mass < 1.0:
+            width += f", mass {self.mass:g} ({stats['candidates_per_position']:.1f} candidates a position)"
+        search = f"no-repeat-{self.no_repeat_ngram_size} search, beam {self.beam}" if self.no_repeat_ngram_size \
+            else "viterbi"
+        logger.info("lattice decoding: %d sentences, %s, lengths L+-%d, %s; ms per sentence: %s%s",
+                    stats["sentences"], width, self.length_delta, search, phases, recall)
 
     def _tick(self, phase: str, start: float, device: torch.device) -> float:
         if device.type == "cuda":
