@@ -128,3 +128,13 @@ def test_baseline_beam_decodes_the_stock_side_at_its_own_beam(trained, tmp_path)
     assert mixed["baseline"]["bleu"] == beam5["baseline"]["bleu"] == beam5["bleu"]
     proc = bench(trained, "--beam", 1, "--baseline-beam", 0, "--limit", 2, check=False)
     assert proc.returncode != 0 and "--baseline-beam must be at least 1, got 0" in proc.stderr
+    # --baseline-no-repeat-ngram-size 0: the method decodes under fairseq's no-repeat rule, the stock side without
+    # it, exactly as the plain beam-5 run's stock side.
+    rule = tmp_path / "rule.json"
+    bench(trained, "--beam", 5, "--no-repeat-ngram-size", 1, "--baseline-no-repeat-ngram-size", 0, "--limit", 12,
+          "--json", rule)
+    rule = json.loads(rule.read_text())
+    assert rule["generator"]["no_repeat_ngram_size"] == 1 and "no repeated 1-grams" in rule["generator"]["description"]
+    assert rule["baseline"]["generator"]["no_repeat_ngram_size"] == 0
+    assert rule["baseline"]["generator"] == beam5["baseline"]["generator"]
+    assert rule["baseline"]["bleu"] == beam5["baseline"]["bleu"]

@@ -142,11 +142,12 @@ if stage evaluate; then
 fi
 
 bench_against_baseline() {  # SYSTEM CHECKPOINT LABEL JSON [decoding flags...]: one bench row, baseline beam 5 in the same run
+  # (plain: the lattice's --no-repeat-ngram-size is not the baseline's)
   local system=$1 path=$2 label=$3 json=$4
   shift 4
   # shellcheck disable=SC2046
   fairseq-plugins bench --method lattice --label "$label" --path "$path" \
-    --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
+    --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --baseline-no-repeat-ngram-size 0 --beam 5 \
     --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 \
     --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$json" --append \
     $(decode_flags "$system") "$@"

@@ -67,6 +67,9 @@ def add_bench_parser(subparsers):
     p.add_argument("--beam", type=int, default=5, help="beam size of the method's generator (1: greedy)")
     p.add_argument("--baseline-beam", type=int, default=None,
                    help="beam size of the stock generator (default: --beam; 1: greedy)")
+    p.add_argument("--baseline-no-repeat-ngram-size", type=int, default=None,
+                   help="fairseq's --no-repeat-ngram-size for the stock generator (default: the method's); 0 "
+                        "compares a method decoding with the rule against the plain stock beam search")
     p.add_argument("--baseline-no-cache", action="store_true",
                    help="the stock generator decodes without incremental state (fairseq's path for a decoder "
                         "without a cache: the whole prefix through the model at every step); the comparison for "
@@ -133,6 +136,8 @@ def _check_bench_args(args) -> None:
             raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
     if args.baseline_beam is not None and args.baseline_beam < 1:
         raise InputError(f"--baseline-beam must be at least 1, got {args.baseline_beam}")
+    if args.baseline_no_repeat_ngram_size is not None and args.baseline_no_repeat_ngram_size < 0:
+        raise InputError(f"--baseline-no-repeat-ngram-size must be at least 0, got {args.baseline_no_repeat_ngram_size}")
     for flag, path in (("--path", args.path), ("--baseline-path", args.baseline_path)):
         if path is not None and not os.path.isfile(path):
             raise InputError(f"{flag} {path}: no such checkpoint")
@@ -266,14 +271,17 @@ def _decoder(generate, name: str):
     return decode
 
 
-def _generator_description(generator, beam: int, cfg, task_flags: Dict) -> Dict:
+def _generator_description(generator, beam: int, no_repeat_ngram_size: int, cfg, task_flags: Dict) -> Dict:
     description = "greedy" if beam == 1 else f"beam {beam}"
     if not getattr(getattr(generator, "model", None), "has_incremental", True):
         description += ", no cache"
+    if no_repeat_ngram_size:
+        description += f", no repeated {no_repeat_ngram_size}-grams"
     return {
         "class": f"{type(generator).__module__}.{type(generator).__name__}",
         "description": description,
         "beam": beam,
+        "no_repeat_ngram_size": no_repeat_ngram_size,
         "lenpen": cfg.generation.lenpen,
         "max_len_a": cfg.generation.max_len_a,
         "max_len_b": cfg.generation.max_len_b,
@@ -342,6 +350,7 @@ class Generators:
     method: object
     stock: object
     stock_beam: int
+    stock_no_repeat_ngram_size: int
     decoders: Dict[str, Decoder]
 
 
@@ -353,6 +362,8 @@ def _build_generators(args, cfg, task, models, device: torch.device) -> Generato
     method_generator = task.build_generator(models, cfg.generation)
     stock_cfg = copy.deepcopy(cfg.generation)
     stock_cfg.beam = args.baseline_beam or args.beam
+    if args.baseline_no_repeat_ngram_size is not None:
+        stock_cfg.no_repeat_ngram_size = args.baseline_no_repeat_ngram_size
     stock_task, stock_models = task, models
     if args.baseline_path:
         stock_task, stock_models = _load_baseline(cfg, args.baseline_path, task, device)
@@ -363,6 +374,7 @@ def _build_generators(args, cfg, task, models, device: torch.device) -> Generato
         method=method_generator,
         stock=stock_generator,
         stock_beam=stock_cfg.beam,
+        stock_no_repeat_ngram_size=stock_cfg.no_repeat_ngram_size,
         decoders={  # the order the first batch of the first run is decoded in; alternated from there
             "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch),
                                f"the {args.method} generator ({type(method_generator).__name__})"),
@@ -464,11 +476,13 @@ def run_bench(args, argv):
     tokenizer = data.tokenizer(data.target_lang)
     method, method_texts = _figures(
         timings.measurements["method"], timings.latencies["method"], ids, task.target_dictionary, tokenizer,
-        references, _generator_description(generators.method, args.beam, cfg, _method_task_flags(cfg)),
+        references, _generator_description(generators.method, args.beam, cfg.generation.no_repeat_ngram_size, cfg,
+                                           _method_task_flags(cfg)),
     )
     stock, _ = _figures(
         timings.measurements["stock"], timings.latencies["stock"], ids, task.target_dictionary, tokenizer,
-        references, _generator_description(generators.stock, generators.stock_beam, cfg, {}),
+        references, _generator_description(generators.stock, generators.stock_beam,
+                                           generators.stock_no_repeat_ngram_size, cfg, {}),
     )
     stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") else {}
     if hasattr(generators.method, "step_cost_figures"):  # the model work of one call against a greedy step
