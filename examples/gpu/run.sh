@@ -145,12 +145,17 @@ EOF
       if wait "${job#*:}"; then status=ok; else status=FAILED; failed=1; fi
       echo "${job%:*}: $status; $(grep -E "valid on" "$WORK/gpu/${job%:*}.log" | tail -1 | cut -c1-160)"
     done
-    # Decoding needs each system's average of its last epochs (double_token, rnn_fc) or its best (lattice).
+    # Decoding needs each system's average of its last epochs.
     if [[ " ${METHODS:-double_token rnn_fc lattice} " == *" double_token "* ]]; then
       SYSTEMS="${DOUBLE_TOKEN_SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}" STAGES="average evaluate" \
         examples/double_token/run.sh "$BASE" "$WORK/double_token" > "$WORK/gpu/double_token-evaluate.log" 2>&1 \
         || { echo "double_token average/evaluate: FAILED (see $WORK/gpu/double_token-evaluate.log)"; failed=1; }
       grep -E "beam [0-9]+:" "$WORK/gpu/double_token-evaluate.log" || true
+    fi
+    if [[ " ${METHODS:-double_token rnn_fc lattice} " == *" lattice "* ]]; then
+      SYSTEMS="${LATTICE_SYSTEMS:-distill-1}" STAGES=average \
+        examples/lattice/run.sh "$BASE" "$WORK/lattice" > "$WORK/gpu/lattice-average.log" 2>&1 \
+        || { echo "lattice average: FAILED (see $WORK/gpu/lattice-average.log)"; failed=1; }
     fi
     if [[ " ${METHODS:-double_token rnn_fc lattice} " == *" rnn_fc "* ]]; then
       SYSTEMS="${RNN_FC_SYSTEMS:-fc4-tanh fc0-tanh}" STAGES=average \
@@ -196,10 +201,12 @@ EOF
             --baseline-path "$WORK/double_token/l2r-1/checkpoints/checkpoint_avg.pt" --beam 10 \
             --task double_token_translation --token-order bidir --tokens-per-step 2 --max-len-a 1.2 --max-len-b 10 \
             || failed=1 ;;
-        lattice)  # distill-1 against the baseline at beam 5; the table is built on the CPU (lattice recipe)
-          bench_grid lattice "$WORK/lattice/distill-1/checkpoints/checkpoint_best.pt" --method lattice \
+        lattice)  # distill-1 (K = 32, no repeated trigrams) against the plain baseline at beam 5; the table is
+                  # built on the CPU (lattice recipe)
+          bench_grid lattice "$WORK/lattice/distill-1/checkpoints/checkpoint_avg.pt" --method lattice \
             --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
-            --task lattice_translation --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 64 || failed=1 ;;
+            --baseline-no-repeat-ngram-size 0 --task lattice_translation \
+            --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 32 --no-repeat-ngram-size 3 || failed=1 ;;
         blockwise)  # the self-distilled heads, k = 4, against stock greedy on the same base
           bench_grid blockwise "$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 \
             --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" || failed=1 ;;
