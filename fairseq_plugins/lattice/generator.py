@@ -22,6 +22,7 @@ import time
 from typing import Dict
 
 import torch
+from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from ..candidates import PRECISIONS
@@ -86,6 +87,7 @@ class LatticeGenerator(MethodGenerator):
         self.precision = precision
         # Built (the int8 matrices quantized) once here; again only if the weights change.
         self._hoisted = HoistedLatticeScorer(self.scorer, precision) if hoist else None
+        self._dropouts = [module for module in self.scorer.modules() if isinstance(module, FairseqDropout)]
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
@@ -180,7 +182,7 @@ class LatticeGenerator(MethodGenerator):
     def _scorer_features(self):
         """The scorer's ``window_features``: hoisted (the tables rebuilt if the weights changed since) unless
         --lattice-no-hoist, or unless the hoisting would not be exact (dropout kept at inference)."""
-        if not self.hoist or not HoistedLatticeScorer.exact_for(self.scorer):
+        if not self.hoist or not HoistedLatticeScorer.exact_for(self.scorer, self._dropouts):
             if self.precision == "int8":
                 raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
                                  "inference (--retain-dropout) turns off")
@@ -225,7 +227,8 @@ class LatticeGenerator(MethodGenerator):
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         self._begin_generate(prefix_tokens, constraints)
         model = self.model
-        model.eval()
+        if model.training:  # eval() walks every module (~0.45 ms a call here): only when needed
+            model.eval()
         window_features = self._scorer_features()  # before the clock: a rebuild of the tables is set-up
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]

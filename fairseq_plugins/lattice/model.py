@@ -286,7 +286,10 @@ class HoistedLatticeScorer:
                 raise ValueError(f"--lattice-scorer-precision int8: {reason}")
         self.scorer = scorer
         self.precision = precision
-        self.fingerprint = self.weights_fingerprint(scorer)
+        # The same Parameter objects whatever happens to their data (in-place updates, .to(), .double()),
+        # listed once: walking the modules on every sentence costs ~0.05 ms.
+        self._parameters = list(scorer.parameters())
+        self.fingerprint = self.weights_fingerprint(self._parameters)
         first = scorer.layers[0]
         self.first_layer_tables = None
         if scorer.markov_order == 1 and not first.normalize_before:
@@ -300,21 +303,23 @@ class HoistedLatticeScorer:
 
     # ---- validity ---------------------------------------------------------------------------------------
     @staticmethod
-    def exact_for(scorer: LatticeScorer) -> bool:
+    def exact_for(scorer: LatticeScorer, dropouts: Optional[List[FairseqDropout]] = None) -> bool:
         """Whether the hoisted computation equals the scorer's: eval mode, no dropout kept at inference
-        (--retain-dropout draws a mask per row, which no table can hold)."""
-        return not scorer.training and not any(
-            module.apply_during_inference and module.p > 0
-            for module in scorer.modules() if isinstance(module, FairseqDropout))
+        (--retain-dropout draws a mask per row, which no table can hold). ``dropouts``: the scorer's
+        FairseqDropout modules, if the caller listed them already."""
+        if dropouts is None:
+            dropouts = [module for module in scorer.modules() if isinstance(module, FairseqDropout)]
+        return not scorer.training and not any(module.apply_during_inference and module.p > 0 for module in dropouts)
 
     @staticmethod
-    def weights_fingerprint(scorer: LatticeScorer):
-        # In-place updates (load_state_dict, optimiser steps) bump a tensor's version; .to()/.half() replace it.
-        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in scorer.parameters())
+    def weights_fingerprint(parameters: List[Tensor]):
+        # In-place updates (load_state_dict, optimiser steps) bump a tensor's version; .to()/.half() change the
+        # data's address or type.
+        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
 
     def matches(self, scorer: LatticeScorer) -> bool:
         """Whether this was built from ``scorer`` as its weights are now."""
-        return scorer is self.scorer and self.weights_fingerprint(scorer) == self.fingerprint
+        return scorer is self.scorer and self.weights_fingerprint(self._parameters) == self.fingerprint
 
     # ---- tables -----------------------------------------------------------------------------------------
     @staticmethod
