@@ -827,6 +827,32 @@ def test_hoisted_tables_follow_the_weights():
     assert generator._scorer_features() == model.decoder.window_features
 
 
+def test_validation_decodes_with_the_weights_the_optimiser_changed(tmp_path):
+    """fairseq's optimisers update ``param.data`` in place, which the hoisted tables' fingerprint cannot see: the
+    task rebuilds them at each validation (begin_valid_epoch), so --eval-bleu decodes with the current weights,
+    as a generator built from scratch does; without it the old tables would stay."""
+    import argparse
+
+    from fairseq_plugins.lattice.task import LatticeTranslationConfig, LatticeTranslationTask
+
+    model, d = tiny_model(1, layers=1, seed=21)
+    path = str(tmp_path / "table.pt")
+    tiny_table(d).save(path)
+    task = LatticeTranslationTask(LatticeTranslationConfig(lattice_table=path, lattice_k=6), d, d)
+    task.sequence_generator = task.build_generator([model], argparse.Namespace())
+    sample = random_batch(d, 4, seed=22)
+    scores = lambda hypotheses: [h[0]["score"] for h in hypotheses]  # noqa: E731
+    before = scores(task.sequence_generator.generate([model], sample))
+    with torch.no_grad():
+        for p in model.decoder.parameters():  # as FairseqAdam.step does
+            p.data.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    stale = scores(task.sequence_generator.generate([model], sample))
+    fresh = scores(task.build_generator([model], argparse.Namespace()).generate([model], sample))
+    assert stale != pytest.approx(fresh, abs=1e-3) and fresh != pytest.approx(before, abs=1e-3)
+    task.begin_valid_epoch(2, model)
+    assert scores(task.sequence_generator.generate([model], sample)) == pytest.approx(fresh, abs=1e-6)
+
+
 # --- skipping the rows of impossible states ----------------------------------------------------------------------
 
 class EveryRowGenerator(LatticeGenerator):

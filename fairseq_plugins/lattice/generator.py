@@ -179,6 +179,12 @@ class LatticeGenerator(MethodGenerator):
         window_positions = window_positions.view(1, positions + 1, 1, order).expand_as(window_tokens)
         return window_tokens, window_positions, state_valid
 
+    def forget_hoisted_tables(self) -> None:
+        """Rebuild the hoisted tables (and int8 matrices) from the weights at the next sentence. The weights'
+        fingerprint sees in-place updates of the parameters and their replacement, not updates through
+        ``param.data`` (which fairseq's optimisers use): the task calls this before each validation."""
+        self._hoisted = None
+
     def _scorer_features(self):
         """The scorer's ``window_features``: hoisted (the tables rebuilt if the weights changed since) unless
         --lattice-no-hoist, or unless the hoisting would not be exact (dropout kept at inference)."""
@@ -187,7 +193,7 @@ class LatticeGenerator(MethodGenerator):
                 raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
                                  "inference (--retain-dropout) turns off")
             return self.scorer.window_features
-        if not self._hoisted.matches(self.scorer):
+        if self._hoisted is None or not self._hoisted.matches(self.scorer):
             self._hoisted = HoistedLatticeScorer(self.scorer, self.precision)
         return self._hoisted.window_features
 

@@ -92,6 +92,15 @@ class LatticeTranslationTask(TranslationTask):
             model.load_base_checkpoint(self.cfg.lattice_base_checkpoint)
         return model
 
+    def begin_valid_epoch(self, epoch, model):
+        """--eval-bleu decodes the validation set with the generator built at the start of training: its hoisted
+        tables must follow the weights the optimiser changed through ``param.data``, which their fingerprint
+        cannot see."""
+        super().begin_valid_epoch(epoch, model)
+        generator = getattr(self, "sequence_generator", None)
+        if isinstance(generator, LatticeGenerator):
+            generator.forget_hoisted_tables()
+
     def candidate_table(self) -> CandidateTable:
         if self._table is None:
             if not self.cfg.lattice_table:
