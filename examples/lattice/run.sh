@@ -19,9 +19,11 @@
 #   layers   : distill-1, -2, -3 after LAYERS_EPOCH (3) epochs each: BLEU and a bench row (paper Table 3)
 #   fast     : distill-1 at each K of FAST_KS (24 32 64) x precision of FAST_PRECISIONS (fp32 int8: the scorer's
 #              feed-forward matrices and the encoder's, --lattice-scorer-precision and --lattice-encoder-precision)
-#              x FAST_NO_REPEAT (0 3: Viterbi, or --no-repeat-ngram-size 3): whole-test BLEU and a bench row each
+#              x FAST_NO_REPEAT (0 3: Viterbi, or --no-repeat-ngram-size 3): whole-test BLEU and a bench row each,
+#              and FAST_BATCH_SETTING ("32 int8 3": K, precision, no-repeat) at batch 32 on the whole test set
 #              -> RESULTS/lattice_fast.json
-#   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md}
+#   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md} and the frontier plot
+#              RESULTS/lattice_frontier.png (BLEU gap against speed ratio, every setting, the paper's point)
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
@@ -148,7 +150,7 @@ bench_against_baseline() {  # SYSTEM CHECKPOINT LABEL JSON [decoding flags...]: 
   # shellcheck disable=SC2046
   fairseq-plugins bench --method lattice --label "$label" --path "$path" \
     --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --baseline-no-repeat-ngram-size 0 --beam 5 \
-    --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size 1 \
+    --data "$DATA" --split test --device "${DEVICE:-cpu}" --threads "${BENCH_THREADS:-1}" --batch-size "${BENCH_BATCH:-1}" \
     --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$json" --append \
     $(decode_flags "$system") "$@"
 }
@@ -221,11 +223,16 @@ if stage fast; then
       done
     done
   done
+  # Throughput at batch 32 (all test sentences), the setting of FAST_BATCH_SETTING, against beam 5 at batch 32.
+  read -r k precision no_repeat <<< "${FAST_BATCH_SETTING:-32 int8 3}"
+  BENCH_LIMIT=0 BENCH_BATCH=32 bench_against_baseline distill-1 "$(checkpoint distill-1)" \
+    "distill-1 K=$k $precision$([[ $no_repeat != 0 ]] && echo " nr$no_repeat")" "$json.tmp" --lattice-k "$k" \
+    --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision" --no-repeat-ngram-size "$no_repeat"
   mv "$json.tmp" "$json"
 fi
 
 if stage summary; then
   python "$(dirname "$0")/summarize.py" --work "$WORK" --systems $SYSTEMS --bench "$RESULTS/lattice.json" \
     --ks "$RESULTS/lattice_k.json" --fast "$RESULTS/lattice_fast.json" --layers "$RESULTS/lattice_layers.json" --layers-epoch "$LAYERS_EPOCH" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
-    --out "$RESULTS/lattice_summary"
+    --out "$RESULTS/lattice_summary" --plot "$RESULTS/lattice_frontier.png"
 fi

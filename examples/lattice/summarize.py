@@ -36,6 +36,52 @@ def bench_row(r):
     return row
 
 
+# The paper's distilled system against its autoregressive baseline (beam 5) on CPU, and the issue's target.
+PAPER_POINT = (19.6, 3.35)
+TARGET = (10.0, 3.5)
+
+
+def plot_frontier(systems, fast, path):
+    """BLEU gap to the baseline at beam 5 (whole test set) against the speed ratio (batch 1, log scale): every
+    latency setting and system, the paper's point and the target region (>= x10 at a gap <= 3.5)."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    ax.axvspan(TARGET[0], 100, ymax=1, color="green", alpha=0.06)
+    ax.axhline(TARGET[1], color="green", linewidth=0.8, linestyle="--",
+               label=f"target: >= x{TARGET[0]:g} at a gap <= {TARGET[1]:g}")
+    ax.axvline(TARGET[0], color="green", linewidth=0.8, linestyle="--")
+    groups = [("Viterbi", [r for r in fast if not r.get("no_repeat_ngram_size")], "o"),
+              ("no repeated trigrams", [r for r in fast if r.get("no_repeat_ngram_size")], "s"),
+              ("systems at K = 64", [r for r in systems if "speed_ratio" in r], "^")]
+    for name, rows, marker in groups:
+        rows = [r for r in rows if r.get("batch_size", 1) == 1]
+        if not rows:
+            continue
+        ax.scatter([r["speed_ratio"] for r in rows], [r["bleu_gap_vs_baseline_beam5"] for r in rows], marker=marker,
+                   alpha=0.8, label=name)
+        for r in rows:
+            ax.annotate(r.get("label", r.get("system", "")).replace("distill-1 ", ""), (r["speed_ratio"],
+                        r["bleu_gap_vs_baseline_beam5"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.scatter([PAPER_POINT[0]], [PAPER_POINT[1]], marker="*", s=120, color="black", label="the paper (distilled)")
+    ax.set_xscale("log")
+    ax.set_xlabel("speed ratio: baseline beam 5 time / lattice time, same sentences, batch 1 (log scale)")
+    ax.set_ylabel("BLEU gap to the baseline at beam 5 (whole test set)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_output(path, mode="wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", required=True)
@@ -48,6 +94,7 @@ def main():
     p.add_argument("--recall", nargs="*", default=[], help="lattice-recall JSONs")
     p.add_argument("--commands", required=True)
     p.add_argument("--out", required=True, help="output path without extension")
+    p.add_argument("--plot", help="write the frontier plot here (PNG): BLEU gap against speed ratio, every setting")
     args = p.parse_args()
 
     def bleu_of(system):
@@ -88,7 +135,7 @@ def main():
     if args.fast and os.path.exists(args.fast):
         for r in report.load_results(args.fast):
             system, k, precision, *search = r["label"].split()  # "distill-1 K=32 int8 [nr3]"
-            row = {**bench_row(r), "scorer_precision": precision,
+            row = {**bench_row(r), "scorer_precision": precision, "batch_size": r["batch_size"],
                    "no_repeat_ngram_size": int(search[0][2:]) if search else 0}
             slug = ".".join([f"k{k[2:]}", precision, *search])
             out = os.path.join(args.work, system, f"generate.{slug}.out.bleu.json")
@@ -151,10 +198,11 @@ def main():
         lines += report.flag_note_lines([(row["label"], row) for row in rows])
     if fast:
         lines += ["", "## Latency settings (distill-1: K x precision x nrN = --no-repeat-ngram-size N, hoisted scorer)", "",
-                  "| setting | BLEU (whole test) | gap | precisions, BP, ratio | speed ratio (min-max) | latency ms | "
-                  "baseline ms | encoder / lattice / scoring / Viterbi or search ms |", "|---|---|---|---|---|---|---|---|"]
+                  "| setting | batch | BLEU (whole test) | gap | precisions, BP, ratio | speed ratio (min-max) | "
+                  "latency ms | baseline ms | encoder / lattice / scoring / Viterbi or search ms |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in fast:
-            lines.append(f"| {row['label']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
+            lines.append(f"| {row['label']} | {row['batch_size']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
                          f"{row['bleu_verbose']} | {report.speed_cell(row)} | {row['latency_ms_p50']} | "
                          f"{row['baseline_latency_ms_p50']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
         lines += report.flag_note_lines([(row["label"], row) for row in fast])
@@ -177,6 +225,8 @@ def main():
     lines += ["", "Commands:", "", "```"] + result["commands"] + ["```", ""]
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines))
+    if args.plot:
+        plot_frontier(systems, fast, args.plot)
 
 
 if __name__ == "__main__":
