@@ -22,7 +22,7 @@ from fairseq_plugins import native
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.lattice.ibm2 import CandidateTable, lattice_recall
-from fairseq_plugins.lattice.model import (HoistedLatticeScorer, LatticeTransformerModel, _softmax_over_source,
+from fairseq_plugins.lattice.model import (HoistedLatticeScorer, LatticeTransformerModel,
                                            lattice_transformer_tiny)
 from fairseq_plugins.lattice.viterbi import _beam_search_in_torch, beam_search_without_repeats, viterbi
 
@@ -767,18 +767,6 @@ def test_hoisted_scorer_equals_the_scorer(order, layers, normalize_before, sourc
         log_probs = [torch.log_softmax(scorer.output_layer(f), dim=-1) for f in (features, expected)]
     torch.testing.assert_close(features, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(*log_probs, rtol=0, atol=1e-5)
-
-
-def test_the_short_source_softmax_equals_torch_softmax():
-    """The cross-attention softmax pads a source shorter than 16 with -inf (torch's short-row path is ~13x
-    slower): the same probabilities as torch.softmax, -inf (padding) entries included."""
-    g = torch.Generator().manual_seed(2)
-    for width in (1, 2, 7, 15, 16, 23):
-        scores = torch.randn(2, 4, 9, width, generator=g) * 5
-        scores[0, :, :, -1] = NEG
-        if width == 1:
-            scores[0] = 0.0
-        torch.testing.assert_close(_softmax_over_source(scores), torch.softmax(scores, dim=-1), rtol=0, atol=1e-6)
 
 
 def decoded(hypotheses):

@@ -10,7 +10,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.baseline.model import baseline_transformer_tiny
-from fairseq_plugins.common.step_rules import StepRules
+from fairseq_plugins.common.step_rules import StepRules, nan_to_minus_inf_
 
 
 def biased_transformer(dictionary, bias):
@@ -127,3 +127,16 @@ def test_a_min_len_above_the_maximum_length_is_refused_as_fairseq_does():
     rules = StepRules(word_dictionary(), min_len=30, max_len_b=10)
     with pytest.raises(ValueError, match="--min-len 30 is larger than the maximum output length 10"):
         rules.max_len(src_len=5, limit=100)
+
+
+def test_nan_to_minus_inf_is_sequence_generators_nan_rule():
+    """The one-pass replacement of SequenceGenerator's ``lprobs[lprobs != lprobs] = -inf``: NaN becomes -inf,
+    everything else (infinities included) stays, in place."""
+    g = torch.Generator().manual_seed(0)
+    lprobs = torch.log_softmax(torch.randn(6, 50, generator=g), dim=-1)
+    lprobs[torch.rand(6, 50, generator=g) < 0.2] = float("nan")
+    lprobs[0, :3] = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    expected = lprobs.clone()
+    expected[expected != expected] = -math.inf
+    result = nan_to_minus_inf_(lprobs)
+    assert result is lprobs and torch.equal(lprobs, expected) and lprobs[0, 0] == float("inf")

@@ -35,7 +35,7 @@ from torch import Tensor
 from fairseq.sequence_generator import SequenceGenerator
 
 from ..common.generation import MethodGenerator
-from ..common.step_rules import StepRules
+from ..common.step_rules import StepRules, nan_to_minus_inf_
 from ..fast_step.generator import FastStepSequenceGenerator, fast_step_parts
 from .folding import unfold_indices
 
@@ -282,7 +282,7 @@ class DoubleTokenGenerator(MethodGenerator):
         if self.temperature != 1.0:
             logits = logits / self.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs[lprobs != lprobs] = -math.inf
+        nan_to_minus_inf_(lprobs)
         lprobs[..., self.eos] = -math.inf
         for slot in (0, 1):  # natural length if this slot is EOD: 2s, 2s + 1
             self.rules.apply(lprobs[:, slot], 2 * step + slot, max_len, end=self.eod)

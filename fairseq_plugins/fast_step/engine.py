@@ -8,8 +8,9 @@ step is bound by reading the weights, so the engine reads each weight once a ste
 - a static position table, computed once from the decoder's own positional embedding module;
 - self-attention keys and values in preallocated caches (rows, heads, length, head_dim), written in place and
   reordered by index over the filled positions only;
-- the fused q/k/v projection of self-attention (one weight pass instead of three), and attention as one
-  ``scaled_dot_product_attention`` call (fairseq: two matmuls, a softmax and the transposes; equal to 1e-6);
+- the fused q/k/v projection of self-attention (one weight pass instead of three), and attention as two
+  matmuls and a softmax over the filled positions (``common.attention``: faster than
+  ``scaled_dot_product_attention`` on a beam's many small problems, and fairseq's own arithmetic);
 - the cross-attention keys and values projected once a sentence; reordered only when the rows change
   sentences (a beam's hypotheses share their sentence's source);
 - optionally int8 weights with per-row activation scales (``fairseq_plugins.int8``: a row's result does not
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..candidates import PRECISIONS, OutputLayer
+from ..common.attention import attention
 from ..common.packed_linear import PackedLinear
 from .. import native
 from ..int8 import Int8Matrix
@@ -346,9 +348,7 @@ class FastDecoderStep:
             q, k, v = layer.qkv(x).view(rows, group, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             keys[:rows, :, t:t + group] = k
             values[:rows, :, t:t + group] = v
-            # softmax(q k^T * scaling) v in one kernel (fairseq: matmul, softmax, matmul; equal to 1e-6)
-            context = F.scaled_dot_product_attention(q, keys[:rows, :, :t + group], values[:rows, :, :t + group],
-                                                     attn_mask=mask, scale=layer.scaling)
+            context = attention(q, keys[:rows, :, :t + group], values[:rows, :, :t + group], mask, layer.scaling)
             x = residual + layer.self_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.self_norm(x)
@@ -357,8 +357,8 @@ class FastDecoderStep:
             if layer.normalize_before:
                 x = layer.cross_norm(x)
             q = layer.cross_q(x).view(rows, group, heads, head_dim).transpose(1, 2)
-            context = F.scaled_dot_product_attention(q, self.cross_keys[index], self.cross_values[index],
-                                                     attn_mask=self.source_attend, scale=layer.scaling)
+            context = attention(q, self.cross_keys[index], self.cross_values[index], self.source_attend,
+                                layer.scaling)
             x = residual + layer.cross_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
             if not layer.normalize_before:
                 x = layer.cross_norm(x)

@@ -22,6 +22,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from ..common.beam_search import BeamSearchGenerator, flat_rows
+from ..common.step_rules import nan_to_minus_inf_
 from ..int8 import int8_encoder
 from .engine import FastDecoderStep
 
@@ -159,7 +160,7 @@ class FastStepSequenceGenerator(SequenceGenerator):
             lists = self.model.row_candidates  # each row's candidate ids (rows, C), ascending; or None
             if lists is None:
                 lprobs = self.model.next_lprobs(tokens[:, step], self.temperature)
-                lprobs[lprobs != lprobs] = -math.inf
+                nan_to_minus_inf_(lprobs)
                 lprobs[:, self.pad] = -math.inf
                 lprobs[:, self.unk] -= self.unk_penalty
                 if step >= max_len:
@@ -171,7 +172,7 @@ class FastStepSequenceGenerator(SequenceGenerator):
                 # The same rules over the lists' columns only: every other word has -inf in the full row, and
                 # the columns keep the vocabulary's order, so the best column is the full row's argmax.
                 lprobs = self.model.next_list_lprobs(tokens[:, step], self.temperature)
-                lprobs[lprobs != lprobs] = -math.inf
+                nan_to_minus_inf_(lprobs)
                 lprobs.masked_fill_(lists == self.pad, -math.inf)
                 if self.unk_penalty:
                     lprobs = lprobs - self.unk_penalty * (lists == self.unk)
