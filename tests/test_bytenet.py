@@ -292,6 +292,7 @@ def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
     assert "trained with 1.2 and 0.0" in other.stderr
 
 
+@pytest.mark.slow  # trains a model (make test-fast runs the tests that train none)
 def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(tmp_path):
     rng = random.Random(0)
     text = ["".join(rng.choice("ab ") for _ in range(rng.randint(0, 30))) for _ in range(400)]
