@@ -1247,6 +1247,43 @@ def test_recall_and_fairseq_generate_on_the_trained_model(lattice_trained, tmp_p
     assert len(scores) == 40 and all(len(v) == 2 and v[0][1] != v[1][1] for v in scores.values())
 
 
+def test_a_second_order_model_trains_and_decodes_with_the_vocabulary_softmax(lattice_trained, tmp_path):
+    """--lattice-markov-order 2 end to end: fairseq-train (3 epochs), then fairseq-generate with --lattice-normalize
+    vocab, whose positional scores (P- lines, base 2) must be the model's own teacher-forced log-probabilities of
+    the printed tokens: the training forward pass over the whole sentence, the exact softmax over the vocabulary."""
+    flags = list(TRAIN_FLAGS)
+    flags[flags.index("--task") + 1] = "lattice_translation"
+    flags[flags.index("--arch") + 1] = "lattice_transformer_tiny"
+    save_dir = str(tmp_path / "checkpoints")
+    run("fairseq_cli.train", os.path.join(lattice_trained["data"], "bin"), *flags, "--lattice-markov-order", 2,
+        "--max-epoch", 3, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
+    system = {**lattice_trained, "checkpoint": checkpoint}
+    proc = generate(system, "--lattice-table", lattice_trained["table"], "--lattice-k", 4, "--lattice-normalize",
+                    "vocab", "--batch-size", 8)
+    hypotheses = {line.split("\t")[0][2:]: line.split("\t")[2] for line in proc.stdout.splitlines()
+                  if line.startswith("H-")}
+    positional = {line.split("\t")[0][2:]: [float(v) for v in line.split("\t")[1].split()]
+                  for line in proc.stdout.splitlines() if line.startswith("P-")}
+    assert len(hypotheses) == len(positional) == 40
+
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides={"data": os.path.join(lattice_trained["data"], "bin")})
+    model = models[0].eval()
+    assert model.decoder.markov_order == 2
+    task.load_dataset("test")
+    dataset = task.dataset("test")
+    for key in ("0", "7", "23", "39"):
+        tokens = task.target_dictionary.encode_line(hypotheses[key], add_if_not_exist=False, append_eos=True).long()
+        net_input = dataset.collater([dataset[int(key)]])["net_input"]
+        sample = {"net_input": {name: net_input[name] for name in ("src_tokens", "src_lengths")}}
+        with torch.no_grad():
+            expected = teacher_forced_scores(model, sample, 0, tokens) / math.log(2)
+        assert positional[key] == pytest.approx(expected.tolist(), abs=2e-4), key
+
+
 def test_fairseq_interactive_decodes_with_the_lattice(lattice_trained):
     data = lattice_trained["data"]
     with open(os.path.join(data, "tok", "test.src"), encoding="utf-8") as f:
