@@ -13,6 +13,7 @@ reason `fairseq-plugins report` flags) is marked. Per-sentence latency (p50) and
 import argparse
 import json
 import os
+import re
 
 from fairseq_plugins.bench import report
 from fairseq_plugins.common.textio import atomic_output
@@ -107,12 +108,19 @@ def main():
             return json.load(f)["score"]
 
     def epochs_of(system):
-        """--max-epoch of the fairseq-train command that wrote the system's checkpoints."""
+        """The last epoch checkpoint the system's training wrote (patience may stop it before its --max-epoch);
+        without epoch checkpoints, --max-epoch of the last fairseq-train command that wrote its checkpoints."""
+        checkpoints = os.path.join(args.work, system, "checkpoints")
+        epochs = [int(name[len("checkpoint"):-3]) for name in (os.listdir(checkpoints) if os.path.isdir(checkpoints)
+                                                               else []) if re.fullmatch(r"checkpoint\d+\.pt", name)]
+        if epochs:
+            return max(epochs)
+        found = None
         for line in report.read_provenance([args.commands]):
             words = line.split()
             if words[:1] == ["fairseq-train"] and f"{args.work.rstrip('/')}/{system}/checkpoints" in words:
-                return int(words[words.index("--max-epoch") + 1])
-        return None
+                found = int(words[words.index("--max-epoch") + 1])
+        return found
 
     baseline_bleu = bleu_of("baseline")
     benches = {r["label"]: r for r in report.load_results(args.bench)}
