@@ -215,7 +215,8 @@ def main():
                   "latency ms | baseline ms | encoder / lattice / scoring / Viterbi or search ms |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for row in fast:
-            lines.append(f"| {row['label']} | {row['batch_size']} | {row['bleu']:.1f} | {row['bleu_gap_vs_baseline_beam5']:.1f} | "
+            lines.append(f"| {row['label']} | {row['batch_size']} | {row['bleu']:.1f} | "
+                         f"{row['bleu_gap_vs_baseline_beam5']:.1f} | "
                          f"{row['bleu_verbose']} | {report.speed_cell(row)} | {row['latency_ms_p50']} | "
                          f"{row['baseline_latency_ms_p50']} | " + " / ".join(str(row[f'{p}_ms']) for p in PHASES) + " |")
         lines += report.flag_note_lines([(row["label"], row) for row in fast])

@@ -137,7 +137,8 @@ def _check_bench_args(args) -> None:
     if args.baseline_beam is not None and args.baseline_beam < 1:
         raise InputError(f"--baseline-beam must be at least 1, got {args.baseline_beam}")
     if args.baseline_no_repeat_ngram_size is not None and args.baseline_no_repeat_ngram_size < 0:
-        raise InputError(f"--baseline-no-repeat-ngram-size must be at least 0, got {args.baseline_no_repeat_ngram_size}")
+        raise InputError("--baseline-no-repeat-ngram-size must be at least 0, got "
+                         f"{args.baseline_no_repeat_ngram_size}")
     for flag, path in (("--path", args.path), ("--baseline-path", args.baseline_path)):
         if path is not None and not os.path.isfile(path):
             raise InputError(f"{flag} {path}: no such checkpoint")
