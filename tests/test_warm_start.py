@@ -4,6 +4,7 @@
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -102,3 +103,17 @@ def test_a_base_of_other_sizes_or_no_base_is_a_clear_error(trained, tmp_path, sy
         build(trained, *system, trained["checkpoint"])  # 256-d presets: the tiny base does not fit
     with pytest.raises(InputError, match=f"{flag} .*none.pt: no such file"):
         build(trained, *system, tmp_path / "none.pt")
+
+
+@pytest.mark.parametrize("system, message", [
+    (("--task", "double_token_translation", "--token-order", "l2r", "--tokens-per-step", 1,
+      "--arch", "baseline_transformer_tiny", "--double-token-base-checkpoint"),
+     "--double-token-base-checkpoint needs --arch double_token_transformer*"),
+    (("--task", "lattice_translation", "--arch", "baseline_transformer_tiny", "--lattice-base-checkpoint"),
+     "--lattice-base-checkpoint needs --arch lattice_transformer*"),
+])
+def test_a_base_checkpoint_with_a_model_that_cannot_take_it_is_refused(trained, system, message):
+    """The warm start flags belong to their method's models: with another --arch they are an error naming the
+    flag, not ignored."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(trained, *system, trained["checkpoint"])
