@@ -1325,3 +1325,16 @@ def test_bench_measures_lattice_decoding_against_the_baseline_transformer(lattic
     assert all(stats[f"{phase}_ms_per_sentence"] > 0 for phase in ("encoder", "lattice", "scoring", "viterbi"))
     # The baseline decoded in the same run; the tiny first-order model's own BLEU is low (it repeats words).
     assert result["baseline"]["bleu"] > 10 and result["baseline_checkpoint"] == os.path.abspath(lattice_trained["baseline"])
+    # Batches of 4, with the no-repeat search against the plain baseline: the same hypotheses as one at a time.
+    batched_path, single_path = tmp_path / "batched.json", tmp_path / "single.json"
+    for batch, path in ((4, batched_path), (1, single_path)):
+        plugins_cli("bench", "--method", "lattice", "--path", lattice_trained["checkpoint"], "--baseline-path",
+                    lattice_trained["baseline"], "--data", lattice_trained["data"], "--threads", 1, "--runs", 1,
+                    "--beam", 5, "--batch-size", batch, "--limit", 12, "--json", path, "--hypotheses",
+                    str(path) + ".hyp", "--lattice-table", lattice_trained["table"], "--no-repeat-ngram-size", 2,
+                    "--baseline-no-repeat-ngram-size", 0)
+    batched, single = json.loads(batched_path.read_text()), json.loads(single_path.read_text())
+    assert batched["batch_size"] == 4 and batched["stats"]["sentences"] >= 12 and batched["stats"]["batches"] >= 3
+    assert batched["generator"]["no_repeat_ngram_size"] == 2 == single["stats"]["no_repeat_ngram_size"]
+    assert batched["baseline"]["generator"]["no_repeat_ngram_size"] == 0
+    assert (tmp_path / "batched.json.hyp").read_text() == (tmp_path / "single.json.hyp").read_text()
