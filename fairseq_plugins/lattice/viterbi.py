@@ -8,7 +8,7 @@ length comes out of the same forward pass, and the length is chosen afterwards, 
 normalisation score / (l + 1) ** lenpen (the +1 is EOS) unless it is turned off.
 """
 
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Tuple
 
 import torch
 from torch import Tensor
@@ -55,17 +55,13 @@ def viterbi(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, k: int, 
     # (batch, positions + 1): the same sums and the same ties (the first maximum) as one length at a time.
     length_scores, end_states = (torch.stack(alphas, dim=1) + ends).max(dim=2)
     length_scores = length_scores.masked_fill(~allowed_lengths, float("-inf"))
-    lengths = torch.arange(positions + 1, device=alpha.device, dtype=alpha.dtype)
-    ranked = length_scores / (lengths + 1) ** lenpen if normalize else length_scores
     # Backtracking is a short walk of integers: do it on the CPU, then gather the path's scores in one go.
     pointers = torch.stack(backpointers, dim=1).cpu() if backpointers else None  # (batch, positions, states)
-    ranked, end_states = ranked.cpu(), end_states.cpu()
+    end_states = end_states.cpu()
     results = []
-    for b in range(batch):
+    for b, best_lengths in enumerate(_best_lengths(length_scores, lenpen, normalize, nbest)):
         paths = []
-        for length in ranked[b].argsort(descending=True)[:nbest].tolist():
-            if ranked[b, length] == float("-inf"):
-                break
+        for length, score in best_lengths:
             states_on_path = _backtrack(pointers[b] if pointers is not None else None,
                                         int(end_states[b, length]), length, k, suffixes)
             indices = torch.tensor([s % k for s in states_on_path[1:]], dtype=torch.long)
@@ -73,9 +69,22 @@ def viterbi(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, k: int, 
             steps = torch.arange(length, device=transitions.device)
             scores = torch.cat([transitions[b, steps, previous, indices.to(transitions.device)],
                                 ends[b, length, states_on_path[-1]].view(1)]).cpu()
-            paths.append(LatticePath(indices, scores, float(ranked[b, length]), length))
+            paths.append(LatticePath(indices, scores, score, length))
         results.append(paths)
     return results
+
+
+def _best_lengths(length_scores: Tensor, lenpen: float, normalize: bool, nbest: int) -> List[List[Tuple[int, float]]]:
+    """Per sentence, up to ``nbest`` (length, ranked score) pairs, best first, from the best path score of every
+    length (batch, positions + 1): normalised by (length + 1) ** lenpen (the +1 is EOS) unless ``normalize`` is
+    off; unreachable lengths (-inf) left out."""
+    lengths = torch.arange(length_scores.size(1), device=length_scores.device, dtype=length_scores.dtype)
+    ranked = (length_scores / (lengths + 1) ** lenpen if normalize else length_scores).cpu()
+    best = []
+    for row in ranked:
+        order = row.argsort(descending=True)[:nbest].tolist()
+        best.append([(length, float(row[length])) for length in order if row[length] != float("-inf")])
+    return best
 
 
 def _backtrack(pointers, state: int, length: int, k: int, suffixes: int) -> List[int]:
@@ -117,20 +126,10 @@ def beam_search_without_repeats(transitions: Tensor, ends: Tensor, allowed_lengt
         best_end, best_paths, best_steps = _beam_search_in_torch(transitions, ends, allowed_lengths,
                                                                  candidate_tokens, k, no_repeat_ngram_size, beam,
                                                                  order)
-    lengths = torch.arange(positions + 1, dtype=best_end.dtype)
-    ranked = best_end.cpu()
-    ranked = ranked / (lengths + 1) ** lenpen if normalize else ranked
     best_paths, best_steps = best_paths.cpu(), best_steps.cpu()
-    results = []
-    for b in range(batch):
-        paths = []
-        for length in ranked[b].argsort(descending=True)[:nbest].tolist():
-            if ranked[b, length] == float("-inf"):
-                break
-            paths.append(LatticePath(best_paths[b, length, :length].clone(), best_steps[b, length, :length + 1].clone(),
-                                     float(ranked[b, length]), length))
-        results.append(paths)
-    return results
+    return [[LatticePath(best_paths[b, length, :length].clone(), best_steps[b, length, :length + 1].clone(), score,
+                         length) for length, score in best_lengths]
+            for b, best_lengths in enumerate(_best_lengths(best_end.cpu(), lenpen, normalize, nbest))]
 
 
 def _beam_search_in_torch(transitions: Tensor, ends: Tensor, allowed_lengths: Tensor, candidate_tokens: Tensor,
