@@ -15,6 +15,7 @@ import sacrebleu
 import torch
 
 from fairseq_plugins.bench import report
+from fairseq_plugins.common.plots import pyplot, save_png
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 
@@ -103,10 +104,7 @@ def length_scaling(bench_json: str) -> dict:
 
 
 def plot_length(summary: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = summary["by_length"]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -120,9 +118,7 @@ def plot_length(summary: dict, path: str) -> None:
     ax.set_title(f"ByteNet decoding time, {summary['device']}, {summary['threads']} thread(s)", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    with atomic_output(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def main(work: str, multi30k: str, out: str) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 
 from fairseq_plugins.bench import report
+from fairseq_plugins.common.plots import pyplot, save_png
 from fairseq_plugins.common.textio import atomic_output
 
 
@@ -143,13 +144,7 @@ def bleu_figures(bleu: dict) -> dict:
 
 
 def plot_beams(sweep, path):
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import and font search log at DEBUG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.errorbar([s["beam"] for s in sweep], [s["speed_ratio"] for s in sweep],
@@ -162,9 +157,7 @@ def plot_beams(sweep, path):
     ax.set_ylabel(f"l2r-1 time / {sweep[0]['label']} time, same sentences")
     ax.set_title("Speed ratio against beam width (paper Fig. 3)\nmedian of the runs' ratios, bars: min-max", fontsize=9)
     fig.tight_layout()
-    with atomic_output(path, mode="wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import os
 import re
 
 from fairseq_plugins.bench import report
+from fairseq_plugins.common.plots import pyplot, save_png
 from fairseq_plugins.common.textio import atomic_output
 
 PHASES = ("encoder", "lattice", "scoring", "viterbi")
@@ -45,13 +46,7 @@ TARGET = (10.0, 3.5)
 def plot_frontier(systems, fast, path):
     """BLEU gap to the baseline at beam 5 (whole test set) against the speed ratio (batch 1, log scale): every
     latency setting and system, the paper's point and the target region (>= x10 at a gap <= 3.5)."""
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
     points = [(r["speed_ratio"], r["bleu_gap_vs_baseline_beam5"]) for r in fast + systems if "speed_ratio" in r]
@@ -83,9 +78,7 @@ def plot_frontier(systems, fast, path):
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_output(path, mode="wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 def main():

@@ -10,6 +10,7 @@ import json
 import os
 from typing import Dict, List, Optional, Tuple
 
+from ..common.plots import pyplot, save_png
 from ..common.textio import InputError, atomic_output
 from .report import SPEED_RATIO_HEADER, flag_reasons, load_results, speed_cell, speed_figures
 
@@ -121,13 +122,7 @@ def update_readme(path: str, results: List[Tuple[str, Dict]], check: bool) -> bo
 def plot_overview(results: List[Tuple[str, Dict]], path: str) -> None:
     """ΔBLEU (y) against the speed ratio (x, log scale), one point per measured setting, a colour per method,
     circles for CPU and triangles for GPU; the stock generator sits at (1, 0)."""
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -148,9 +143,7 @@ def plot_overview(results: List[Tuple[str, Dict]], path: str) -> None:
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_output(path, mode="wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 def run_overview(paths: List[str], readme: Optional[str], check: bool, plot: Optional[str]) -> int:

@@ -7,6 +7,7 @@ import shlex
 import subprocess
 from typing import Dict, List
 
+from ..common.plots import pyplot, save_png
 from ..common.textio import InputError, atomic_output, read_lines
 
 # Columns of the Markdown table: (header, key in a figures dict, format).
@@ -174,13 +175,7 @@ def flag_note_lines(labelled) -> List[str]:
 def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
     """Speed ratio (x; the stock generator is 1) against BLEU (y): each method point with an arrow from its
     stock baseline measured in the same run, and the ratio's min-max over runs as an error bar."""
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger verbose
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for result in results:
@@ -198,9 +193,7 @@ def plot_speed_against_bleu(results: List[Dict], path: str) -> None:
     ax.set_title(f"{first['device']}, {first['threads']} thread(s), batch {first['batch_size']}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_output(path, mode="wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def read_provenance(paths: List[str]) -> List[str]:

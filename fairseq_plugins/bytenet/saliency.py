@@ -12,6 +12,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from ..common.plots import pyplot, save_png
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -93,10 +94,7 @@ def saliency_matrix(model, source: torch.Tensor, target: torch.Tensor, source_ch
 
 
 def plot(result: Dict, output: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     matrix = torch.tensor(result["matrix"])
     rows, columns = result["rows"], result["columns"]
@@ -109,9 +107,7 @@ def plot(result: Dict, output: str) -> None:
     ax.set_ylabel("source words (above the line), target words (below)")
     ax.set_title("ByteNet saliency (per word, normalised per column)", fontsize=9)
     fig.tight_layout()
-    with atomic_output(output, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, output, dpi=120)
 
 
 def run_saliency(args, argv):
