@@ -139,15 +139,27 @@ def test_exact_blockwise_decoding_on_cuda_is_stock_greedy_on_cuda(fast_step):
     assert_same_hypotheses(blockwise, blockwise_and_greedy(CPU, fast_step)[0], atol=SCORES)
 
 
-def lattice_decodings(device, order, normalization):
-    """Lattice (Viterbi) decoding of a random scorer of Markov ``order`` with its candidate table on
-    ``device``: the three best paths of each sentence."""
-    model, dictionary = tiny_lattice_model(order, layers=2)
+def untied_table(dictionary):
+    """The tiny table with its probabilities moved apart by up to 5% relative: counts over a tiny corpus tie
+    (17 of 24 positions of this sample tie at the K-th candidate), and top-k breaks ties differently on the GPU
+    than on the CPU, so the two would decode different lattices, not the same lattice differently."""
     table = tiny_table(dictionary)
+    g = torch.Generator().manual_seed(3)
+    table.lexical_probs = table.lexical_probs * (1 + 0.05 * torch.rand(table.lexical_probs.shape, generator=g))
+    table.unigram_probs = table.unigram_probs * (1 + 0.05 * torch.rand(table.unigram_probs.shape, generator=g))
+    return table
+
+
+def lattice_decodings(device, order, normalization, no_repeat_ngram_size=0):
+    """Lattice decoding (Viterbi, or the no-repeat beam search) of a random scorer of Markov ``order`` with its
+    candidate table on ``device``: the three best paths of each sentence."""
+    model, dictionary = tiny_lattice_model(order, layers=2)
+    table = untied_table(dictionary)
     sample = random_batch(dictionary, 4, seed=6)
 
     def lattice(m):
-        return LatticeGenerator([m], dictionary, table.to(device_of(m)), k=6, normalization=normalization, nbest=3)
+        return LatticeGenerator([m], dictionary, table.to(device_of(m)), k=6, normalization=normalization, nbest=3,
+                                no_repeat_ngram_size=no_repeat_ngram_size)
 
     return decode_on(device, lattice, model, sample)
 
@@ -158,6 +170,13 @@ def test_lattice_viterbi_decoding_on_cuda_gives_the_cpu_paths(order, normalizati
     same paths, scores equal to float rounding."""
     assert_same_hypotheses(lattice_decodings(CUDA, order, normalization),
                            lattice_decodings(CPU, order, normalization), atol=SCORES)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_lattice_no_repeat_search_on_cuda_gives_the_cpu_paths(order):
+    """The no-repeat beam search over a lattice scored on the GPU: the CPU's paths and scores."""
+    assert_same_hypotheses(lattice_decodings(CUDA, order, "lattice", no_repeat_ngram_size=2),
+                           lattice_decodings(CPU, order, "lattice", no_repeat_ngram_size=2), atol=SCORES)
 
 
 def double_token_decodings(device):

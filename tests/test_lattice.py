@@ -152,6 +152,32 @@ def test_no_repeat_beam_search_native_kernel_equals_the_torch_loop(order):
     assert compared > 60
 
 
+@pytest.mark.skipif(not native.available(), reason="needs a C compiler for the native kernels")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_no_repeat_beam_search_of_a_half_precision_lattice_runs_the_kernel_in_float32(dtype):
+    """A half-precision lattice (as --fp16/--bf16 or a GPU scores it) is searched by the native kernel on a
+    float32 copy: the paths of the torch loop over those float32 values, the scores back in the lattice's dtype."""
+    generator = torch.Generator().manual_seed(0)
+    # Path sums down to -100, where bfloat16 sums step by 0.5 and float16's by 0.06: summed in the lattice's
+    # dtype (the torch loop), 20 (bfloat16) and 12 (float16) of these 51 best paths come out otherwise.
+    k, positions, batch, n, beam = 6, 24, 4, 2, 6
+    transitions = (-2 - torch.rand(batch, positions, k, k, generator=generator) * 3).to(dtype)
+    ends = (-torch.rand(batch, positions + 1, k, generator=generator) * 3).to(dtype)
+    tokens = torch.randint(4, 8, (batch, positions, k), generator=generator)
+    allowed = torch.rand(batch, positions + 1, generator=generator) < 0.6
+    best_end, best_paths, best_steps = _beam_search_in_torch(transitions.float(), ends.float(), allowed, tokens, k,
+                                                             n, beam, 1)
+    found = 0
+    for b, paths in enumerate(beam_search_without_repeats(transitions, ends, allowed, tokens, k, n, beam,
+                                                          nbest=positions + 1)):
+        for path in paths:
+            assert path.scores.dtype == dtype
+            assert torch.equal(path.indices, best_paths[b, path.length, :path.length])
+            assert torch.equal(path.scores, best_steps[b, path.length, :path.length + 1].to(dtype))
+            found += 1
+    assert found == int(torch.isfinite(best_end).sum())
+
+
 def test_no_repeat_beam_search_narrow_beams_never_repeat():
     """At any width the paths found repeat no n-gram, and a wider beam never finds a worse best path here."""
     generator = torch.Generator().manual_seed(3)

@@ -374,14 +374,21 @@ def test_systran_lexical_table_is_fast_aligns_probability_table(tmp_path):
 # --- a trained tiny rnn_fc: every switch against the plain decoder --------------------------------------------
 
 @pytest.fixture(scope="module")
-def rnn_fc_trained(prepared, trained, tmp_path_factory):
-    """A tiny rnn_fc trained with fairseq-train on the synthetic corpus, and its candidate lists."""
+def rnn_fc_model(prepared, tmp_path_factory):
+    """A tiny rnn_fc trained with fairseq-train on the synthetic corpus: (its work folder, its checkpoint)."""
     work = tmp_path_factory.mktemp("rnn_fc")
     flags = list(TRAIN_FLAGS)
     flags[flags.index("--arch") + 1] = "rnn_fc_tiny"
     save_dir = str(work / "checkpoints")
     run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--clip-norm", 1.0, "--max-epoch", 12,
         "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    return work, os.path.join(save_dir, "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def rnn_fc_trained(prepared, trained, rnn_fc_model):
+    """The tiny rnn_fc and its candidate lists (the alignment needs systran-align or a fast_align binary)."""
+    work, checkpoint = rnn_fc_model
     tok = os.path.join(prepared, "tok")
     plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
                 "--output", work / "train.align", "--lexical-table", work / "lex.txt")
@@ -389,7 +396,7 @@ def rnn_fc_trained(prepared, trained, tmp_path_factory):
                 "-s", "src", "-t", "tgt", "--top", 20, "--frequent", 20, "--output", work / "list.pt")
     plugins_cli("shortlist", "--lexical-table", work / "lex.txt", "--data-bin", os.path.join(prepared, "bin"),
                 "-s", "src", "-t", "tgt", "--top", 1000, "--frequent", 1000, "--output", work / "everything.pt")
-    return {"data": prepared, "work": work, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"),
+    return {"data": prepared, "work": work, "checkpoint": checkpoint,
             "baseline": trained["checkpoint"], "shortlist": str(work / "list.pt"),
             "everything": str(work / "everything.pt")}
 
@@ -608,8 +615,9 @@ def test_bench_of_the_exact_switches_matches_the_stock_generator(rnn_fc_trained,
 
 
 @pytest.mark.cuda
-def test_cuda_decoding_equals_cpu_decoding(rnn_fc_trained):
-    model, tgt_dict, _, batches = load(rnn_fc_trained["checkpoint"])
+def test_cuda_decoding_equals_cpu_decoding(rnn_fc_model):
+    """Beam 6 on the GPU: the CPU's hypotheses. Needs no alignment tool (none is built for the GPU's Python)."""
+    model, tgt_dict, _, batches = load(rnn_fc_model[1])
     cpu = decode(RnnFcGenerator([model], tgt_dict, beam=6), model, batches[:2])
     model = model.cuda()
     from fairseq import utils

@@ -226,10 +226,10 @@ EOF
     for path in "$@"; do
       [[ -e $path ]] || { echo "pack: $path: not there, skipped" >&2; continue; }
       mkdir -p "$stage/$(dirname "$path")"
-      if [[ -f $path && $path == *.pt ]]; then  # decoding needs the model, not the optimizer state
+      if [[ -f $path && $(basename "$path") == checkpoint*.pt ]]; then  # decoding needs the model, not the optimizer
         fairseq-plugins average-checkpoints --inputs "$path" --output "$stage/$path" --dtype "${PACK_DTYPE:-float16}" \
-          2> /dev/null
-      else
+          2> "$WORK/gpu/pack.log" || fail "$path: not a fairseq checkpoint? $(tail -1 "$WORK/gpu/pack.log")"
+      else  # other files (a lattice table.pt, data) as they are
         cp -r "$path" "$stage/$path"
       fi
     done
