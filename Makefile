@@ -11,6 +11,9 @@ TORCH     ?= torch==2.13.0
 FAIRSEQ   ?= ve-fairseq==0.12.3
 DATA      ?=
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one.
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -19,7 +22,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 .PHONY: install test test-fast demo baseline gpu-check gpu-dry-run clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
-	@echo "make test    install, then run the test suite"
+	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
 	@echo "make test-fast  the tests that train no model (pytest -m 'not slow'; minutes)"
 	@echo "make install create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and this package"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
@@ -39,10 +42,10 @@ $(STAMP): setup.py Makefile
 	@touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 demo: install
 	DATA="$(DATA)" examples/demo/run.sh

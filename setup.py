@@ -41,6 +41,6 @@ setup(
         'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
         'and python_version < "3.12"',
     ],
-    extras_require={"test": ["pytest", "hypothesis"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "filelock", "hypothesis"]},
     entry_points={"console_scripts": ["fairseq-plugins = fairseq_plugins.cli:main"]},
 )

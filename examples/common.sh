@@ -69,4 +69,8 @@ average_last_epochs() {
 }
 
 shared_distill() { echo "${DISTILL:-$(dirname "$1")/distill/beam5}"; }
+# Outputs capped at 1.2 x source + 10 tokens (Multi30k's targets stay far inside): a barely trained model's
+# loops would otherwise run to 200 tokens and become training targets.
 distill_beam5() { distill_training_set "$1" "$(shared_distill "$1")" --max-len-a 1.2 --max-len-b 10; }
+# The base's own greedy outputs (blockwise self-distillation), BASE OUT.
+distill_greedy() { distill_training_set "$1" "$2" --beam 1 --max-len-a 1.2 --max-len-b 10; }

@@ -138,29 +138,59 @@ def assert_same_hypotheses(got, expected, atol=1e-4):
     assert 2 * compared_best >= len(expected), "too many tied scores to compare the outputs"
 
 
+def once_per_session(tmp_path_factory, name, build):
+    """``build(directory)`` (a JSON value: paths) run once per test session. Under pytest-xdist (`make test`
+    runs two workers) every worker would run a session fixture itself; as xdist's documentation advises, the
+    first worker builds it under a file lock in the workers' shared temporary folder and the others read it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    import json
+    import shutil
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent
+    done = root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if done.is_file():
+            return json.loads(done.read_text())
+        directory = root / name
+        shutil.rmtree(directory, ignore_errors=True)  # a build that failed in another worker
+        directory.mkdir()
+        result = build(directory)
+        done.write_text(json.dumps(result))
+        return result
+
+
 @pytest.fixture(scope="session")
 def synthetic_raw(tmp_path_factory):
     from fairseq_plugins.common.synthetic import write_corpus
 
-    return write_corpus(str(tmp_path_factory.mktemp("raw")), sizes=SIZES)
+    return once_per_session(tmp_path_factory, "raw", lambda directory: write_corpus(str(directory), sizes=SIZES))
 
 
 @pytest.fixture(scope="session")
 def prepared(synthetic_raw, tmp_path_factory):
     """Joint SentencePiece (100 pieces) + fairseq binaries of the synthetic corpus."""
-    out = str(tmp_path_factory.mktemp("prepared") / "data")
-    plugins_cli("prepare", synthetic_raw, out, "-s", "src", "-t", "tgt", "--vocab-size", 100)
-    return out
+    def build(directory):
+        out = str(directory / "data")
+        plugins_cli("prepare", synthetic_raw, out, "-s", "src", "-t", "tgt", "--vocab-size", 100)
+        return out
+
+    return once_per_session(tmp_path_factory, "prepared", build)
 
 
 @pytest.fixture(scope="session")
 def trained(prepared, tmp_path_factory):
     """A tiny baseline transformer trained through fairseq-train --user-dir; returns its paths."""
-    save_dir = str(tmp_path_factory.mktemp("checkpoints"))
-    run("fairseq_cli.train", os.path.join(prepared, "bin"), *TRAIN_FLAGS,
-        "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir,
-        env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return {"data": prepared, "save_dir": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
+    def build(directory):
+        save_dir = str(directory)
+        run("fairseq_cli.train", os.path.join(prepared, "bin"), *TRAIN_FLAGS,
+            "--max-epoch", TRAIN_EPOCHS, "--save-dir", save_dir,
+            env={"OMP_NUM_THREADS": TRAIN_THREADS})
+        return {"data": prepared, "save_dir": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
+
+    return once_per_session(tmp_path_factory, "checkpoints", build)
 
 
 def incremental_and_full(model, dictionary, device, per_step=1):

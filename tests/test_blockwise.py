@@ -426,6 +426,32 @@ def test_blockwise_on_the_fast_step_through_fairseq_generate(blockwise_trained, 
     assert "mean accepted block size" in int8.stderr
 
 
+def test_a_learned_first_head_trains_and_decodes_exactly_through_fairseq_generate(blockwise_trained, tmp_path):
+    """--blockwise-learned-first-head end to end: fairseq-train gives p_1 a head of its own on the frozen base,
+    so the checkpoint's greedy output is no longer the base's; exact blockwise decoding (plain and on the fast
+    step) through fairseq-generate is stock greedy on that checkpoint, sentence by sentence."""
+    data = blockwise_trained["data"]
+    flags = [f for f in TRAIN_FLAGS]
+    flags[flags.index("--task") + 1] = "blockwise_translation"
+    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
+    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
+    flags[flags.index("--lr") + 1] = "3e-3"
+    run("fairseq_cli.train", os.path.join(data, "bin"), *flags, "--blockwise-heads", HEADS,
+        "--blockwise-learned-first-head", "--blockwise-base-checkpoint", blockwise_trained["checkpoint"],
+        "--blockwise-freeze-base", "--blockwise-head-layout", "separate", "--max-epoch", 2,
+        "--save-dir", tmp_path, "--no-epoch-checkpoints", env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    checkpoint = str(tmp_path / "checkpoint_last.pt")
+    base = hypotheses(generate(data, blockwise_trained["checkpoint"], "--task", "translation").stdout)
+    stock_hyps, stock_scores = hypotheses(generate(data, checkpoint, "--task", "translation").stdout)
+    assert len(stock_hyps) == 40 and (stock_hyps, stock_scores) != base  # p_1 is the learned head, not the base
+    for extra in ((), ("--fast-step",)):
+        ours = generate(data, checkpoint, "--task", "blockwise_translation", "--batch-size", 16, *extra)
+        our_hyps, our_scores = hypotheses(ours.stdout)
+        assert our_hyps == stock_hyps, extra
+        assert max(abs(a - b) for a, b in zip(stock_scores, our_scores, strict=True)) < 1e-3
+        assert "mean accepted block size" in ours.stderr
+
+
 def test_blockwise_checkpoint_still_decodes_with_stock_beam_search(blockwise_trained):
     base = generate(blockwise_trained["data"], blockwise_trained["checkpoint"], "--task", "translation",
                     "--beam", 4)
@@ -521,3 +547,13 @@ def test_bench_reports_block_statistics_and_identity(blockwise_trained, tmp_path
     assert stats["call_cost_step"] == "fairseq"  # both timed on fairseq's decoder
     low, high = stats["call_cost_range"]
     assert 0 < low <= stats["call_cost_vs_greedy_step"] <= high
+
+
+def test_bench_at_batch_8_decodes_what_stock_greedy_decodes_at_batch_8(blockwise_trained, tmp_path):
+    result_path = tmp_path / "bw8.json"
+    plugins_cli("bench", "--method", "blockwise", "--path", blockwise_trained["blockwise"],
+                "--data", blockwise_trained["data"], "--threads", 1, "--runs", 1, "--beam", 1, "--batch-size", 8,
+                "--limit", 24, "--json", result_path, "--block-size", 3)
+    result = json.loads(result_path.read_text())
+    assert result["batch_size"] == 8 and result["stats"]["sentences"] == 24
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0 and result["bleu"] == result["baseline"]["bleu"]

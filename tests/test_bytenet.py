@@ -339,16 +339,18 @@ def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model
     assert not os.path.exists(tmp_path / "empty.png")
 
 
-def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_model, tmp_path):
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_model, tmp_path, batch_size):
     import json
 
     result_path = tmp_path / "length.json"
     plugins_cli("bench", "--method", "bytenet", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
                 "--threads", 1, "--runs", 1, "--warmup", 0, "--beam", 1, "--limit", 4, "--latency-limit", 0,
+                "--batch-size", batch_size,
                 "--min-len", 30, "--max-len-a", 0, "--max-len-b", 30, "--bytenet-decoding", "recompute",
                 "--json", result_path)
     result = json.loads(result_path.read_text())
-    assert result["generator"]["min_len"] == 30
+    assert result["batch_size"] == batch_size and result["generator"]["min_len"] == 30
     assert result["generator"]["task_flags"]["bytenet_decoding"] == "recompute"
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)

@@ -632,12 +632,12 @@ def test_a_model_that_is_not_a_double_token_transformer_is_refused(double_token_
     assert isinstance(task.build_generator([double], argparse.Namespace(beam=5)), DoubleTokenGenerator)
 
 
-def bench_bidir_against(double_token_trained, baseline_path, result_path):
+def bench_bidir_against(double_token_trained, baseline_path, result_path, batch_size=1):
     """bench of the tiny bidir-2 system against ``baseline_path`` (beam 3, the first 10 sentences, 1 run)."""
     plugins_cli("bench", "--method", "double_token", "--path", double_token_trained["bidir"],
                 "--baseline-path", baseline_path, "--data", double_token_trained["data"],
                 "--threads", 1, "--runs", 1, "--beam", 3, "--limit", 10, "--json", result_path,
-                "--token-order", "bidir", "--tokens-per-step", 2)
+                "--batch-size", batch_size, "--token-order", "bidir", "--tokens-per-step", 2)
     return json.loads(result_path.read_text())
 
 
@@ -647,6 +647,10 @@ def test_bench_compares_against_another_checkpoint_in_the_same_run(double_token_
     assert result["stats"]["sentences"] == 10 and result["stats"]["decoder_invocations"] > 0
     # Both decoded in natural order (reversed or folded outputs score about 0; the tiny models score ~13 here).
     assert result["bleu"] > 5 and result["baseline"]["bleu"] > 5
+    # At batch 4 both sides decode the same sentences as at batch 1 (DoubleTopK batches exactly).
+    batched = bench_bidir_against(double_token_trained, double_token_trained["l2r"], tmp_path / "dt4.json", 4)
+    assert batched["batch_size"] == 4 and batched["stats"]["sentences"] == 10
+    assert (batched["bleu"], batched["baseline"]["bleu"]) == (result["bleu"], result["baseline"]["bleu"])
 
 
 def test_bench_compares_against_the_plain_transformer_whose_dictionaries_lack_eod(double_token_trained, trained,

@@ -606,6 +606,12 @@ def test_bench_of_the_exact_switches_matches_the_stock_generator(rnn_fc_trained,
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0
     assert result["stats"]["model_calls_per_step"] == 1.0 and result["words_per_s"] > 0
     assert result["generator"]["task_flags"]["rnn_fc_speedups"] == "all"
+    batched = tmp_path / "rnn_fc_batch4.json"
+    plugins_cli("bench", "--method", "rnn_fc", "--path", rnn_fc_trained["checkpoint"], "--data",
+                rnn_fc_trained["data"], "--threads", 1, "--runs", 1, "--beam", 6, "--limit", 10, "--batch-size", 4,
+                "--json", batched)
+    batched = json.loads(batched.read_text())
+    assert batched["batch_size"] == 4 and batched["stats"]["outputs_identical_to_baseline"] == 1.0
     baseline = tmp_path / "baseline.json"
     plugins_cli("bench", "--method", "rnn_fc", "--path", rnn_fc_trained["baseline"], "--data", rnn_fc_trained["data"],
                 "--threads", 1, "--runs", 1, "--beam", 6, "--limit", 10, "--json", baseline,

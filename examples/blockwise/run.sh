@@ -61,7 +61,7 @@ source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stag
 SELF_DISTILL=$WORK/self_distill
 DISTILL=$(shared_distill "$BASE")
 if stage distill; then
-  [[ " $VARIANTS " == *" self "* ]] && distill_training_set "$BASE" "$SELF_DISTILL" --beam 1
+  [[ " $VARIANTS " == *" self "* ]] && distill_greedy "$BASE" "$SELF_DISTILL"
   [[ " $VARIANTS " == *" distilled "* || " $VARIANTS " == *" both "* ]] && distill_beam5 "$BASE"
 fi
 

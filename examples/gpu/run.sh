@@ -23,7 +23,8 @@
 #        ("double_token rnn_fc lattice"), DOUBLE_TOKEN_SYSTEMS (all five), RNN_FC_SYSTEMS ("fc4-tanh fc0-tanh"),
 #        LATTICE_SYSTEMS (distill-1), GPU_MINUTES (4 per training, all at once), KIT_EPOCHS (100: a cap)
 #        bench: BENCH_METHODS ("baseline fast_step double_token lattice blockwise rnn_fc"), BATCHES ("1 64"),
-#        PRECISIONS ("fp32 fp16"), BENCH_LIMIT (200 test sentences), BENCH_RUNS (3)
+#        PRECISIONS ("fp32 fp16"), BENCH_LIMIT (200 test sentences), BENCH_RUNS (3), BENCH_FLAGS (added to every
+#        bench, after the method's own flags)
 #        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
@@ -111,7 +112,7 @@ EOF
     COMMANDS=$WORK/distill/commands.txt
     mkdir -p "$WORK/distill"
     distill_beam5 "$BASE" 2> "$WORK/distill/beam5.log"
-    distill_training_set "$BASE" "$WORK/blockwise/self_distill" --beam 1 2> "$WORK/distill/greedy.log"
+    distill_greedy "$BASE" "$WORK/blockwise/self_distill" 2> "$WORK/distill/greedy.log"
     wc -l "$WORK/distill/beam5/tok/train.de" "$WORK/blockwise/self_distill/tok/train.de" ;;
 
   train)
@@ -179,7 +180,7 @@ EOF
           fairseq-plugins bench --path "$model" --data "$DATA" --split test --device "$DEVICE" --threads 1 \
             --batch-size "$batch" --runs "${BENCH_RUNS:-3}" --limit "${BENCH_LIMIT:-200}" \
             --label "$name batch $batch $precision" $([[ $precision == fp16 ]] && echo --fp16) \
-            --provenance "$BASE/commands.txt" --json "$RESULTS/$name.json.tmp" --append "$@" \
+            --provenance "$BASE/commands.txt" --json "$RESULTS/$name.json.tmp" --append "$@" ${BENCH_FLAGS-} \
             2>> "$WORK/gpu/bench-$name.log" || { echo "bench $name batch $batch $precision: FAILED" \
             "(see $WORK/gpu/bench-$name.log)"; return 1; }
         done
