@@ -13,7 +13,7 @@ DATA      ?=
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one.
 TEST_WORKERS ?= 2
-PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
