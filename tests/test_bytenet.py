@@ -351,6 +351,8 @@ def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_
                 "--json", result_path)
     result = json.loads(result_path.read_text())
     assert result["batch_size"] == batch_size and result["generator"]["min_len"] == 30
+    # At batch 1 the timed batches are the latency figures; at batch 2 --latency-limit 0 leaves them out.
+    assert (result["latency_ms_p50"] is None) == (batch_size > 1)
     assert result["generator"]["task_flags"]["bytenet_decoding"] == "recompute"
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)

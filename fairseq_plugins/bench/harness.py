@@ -82,7 +82,8 @@ def add_bench_parser(subparsers):
                    help=f"decode only the first N sentences (0: all; default: {DEFAULT_LIMIT} at --batch-size 1, "
                         "all at larger batches)")
     p.add_argument("--latency-limit", type=int, default=100,
-                   help="sentences timed one at a time for latency when --batch-size > 1")
+                   help="sentences timed one at a time for latency when --batch-size > 1 (0: none, no latency "
+                        "figures)")
     p.add_argument("--label", default=None, help="name of this configuration in tables (default: the method)")
     p.add_argument("--model-note", default=None,
                    help="one line on what the model is (e.g. 'warm-started from the baseline, 3 min'), for tables")
@@ -334,8 +335,8 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
         "sentences_per_s": len(ids) / seconds,
         "tokens_per_s": target_tokens / seconds,
         "words_per_s": target_words / seconds,
-        "latency_ms_p50": 1000 * percentile(latencies, 50),
-        "latency_ms_p90": 1000 * percentile(latencies, 90),
+        "latency_ms_p50": 1000 * percentile(latencies, 50) if latencies else None,
+        "latency_ms_p90": 1000 * percentile(latencies, 90) if latencies else None,
         "peak_memory_mb": measurement.peak_memory_mb,
         "sentences": len(ids),
         "target_tokens": target_tokens,
@@ -397,6 +398,7 @@ class Timings:
     measurements: Dict[str, Measurement]
     latencies: Dict[str, List[float]]  # seconds per sentence at batch 1
     timing: Dict  # how the timing ran: runs, threads, load, oversubscription
+    method_stats: Dict  # the method generator's own figures over the timed runs (not the batch-1 latency pass)
 
 
 def _time(args, generators: Generators, dataset, ids: List[int], device: torch.device, load_before) -> Timings:
@@ -421,8 +423,12 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
         logger.info("run %d: method %.2f s, stock %.2f s", run + 1, measurements["method"].run_seconds[run],
                     measurements["stock"].run_seconds[run])
 
+    method_stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") \
+        else {}
     if args.batch_size == 1:
         latencies = {name: m.batch_seconds for name, m in measurements.items()}
+    elif args.latency_limit == 0:
+        latencies = {name: [] for name in measurements}
     else:  # latency is always at batch 1
         single = _batches(dataset, ids[: args.latency_limit], 1, device)
         latency_runs = alternating_runs(decoders, single, device, 1, memory)
@@ -446,7 +452,7 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
         sampled = beside.figures(cores)
         if sampled["oversubscribed"] is not None:  # sampled during the runs: better than the lagging load average
             timing.update(sampled)
-    return Timings(measurements, latencies, timing)
+    return Timings(measurements, latencies, timing, method_stats)
 
 
 def run_bench(args, argv):
@@ -485,7 +491,7 @@ def run_bench(args, argv):
         references, _generator_description(generators.stock, generators.stock_beam,
                                            generators.stock_no_repeat_ngram_size, cfg, {}),
     )
-    stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") else {}
+    stats = timings.method_stats
     if hasattr(generators.method, "step_cost_figures"):  # the model work of one call against a greedy step
         stats.update(generators.method.step_cost_figures(_batches(dataset, ids[:STEP_COST_SENTENCES], 1, device)))
     method_outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("method", "stock"))
