@@ -438,3 +438,22 @@ def test_fairseq_generate_with_int8_lists_and_early_stopping(trained, lists):
 def test_fairseq_generate_refuses_what_the_fast_step_cannot_do(trained, flags, message):
     result = generate(trained, "--task", "fast_step_translation", *flags, check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-1500:]
+
+
+# ---- bench --method fast_step ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_bench_of_the_fast_step_decodes_what_the_stock_generator_decodes(trained, tmp_path, batch_size):
+    """bench --method fast_step (fp32, beam 5) against the stock generator on the same model: every sentence's
+    output the stock one, at batch 1 and batch 8; the statistics count the timed sentences once."""
+    import json
+
+    from conftest import plugins_cli
+
+    result_path = tmp_path / "fast_step.json"
+    plugins_cli("bench", "--method", "fast_step", "--path", trained["checkpoint"], "--data", trained["data"],
+                "--threads", 1, "--runs", 1, "--beam", 5, "--batch-size", batch_size, "--limit", 16,
+                "--json", result_path, "--fast-step")
+    result = json.loads(result_path.read_text())
+    assert result["batch_size"] == batch_size and result["sentences"] == 16
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0 and result["bleu"] == result["baseline"]["bleu"]
