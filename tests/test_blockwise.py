@@ -367,18 +367,23 @@ def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset(voc
 
 # --- through fairseq-train and fairseq-generate -------------------------------------------------------------
 
+def blockwise_train_flags():
+    """The tiny training flags (conftest.TRAIN_FLAGS) for blockwise heads: its task, model and criterion."""
+    flags = list(TRAIN_FLAGS)
+    flags[flags.index("--task") + 1] = "blockwise_translation"
+    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
+    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
+    flags[flags.index("--lr") + 1] = "3e-3"
+    return flags
+
+
 @pytest.fixture(scope="module")
 def blockwise_trained(trained, tmp_path_factory):
     """Proposal heads (one FFN each) trained on the frozen tiny baseline (the paper's 'regular' setting), the
     checkpoint chosen on the heads' mean validation accuracy, as examples/blockwise/run.sh does."""
     save_dir = str(tmp_path_factory.mktemp("blockwise"))
-    flags = [f for f in TRAIN_FLAGS]
-    flags[flags.index("--task") + 1] = "blockwise_translation"
-    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
-    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
-    flags[flags.index("--lr") + 1] = "3e-3"
-    run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--blockwise-heads", HEADS,
-        "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
+    run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *blockwise_train_flags(),
+        "--blockwise-heads", HEADS, "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
         "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
         "--maximize-best-checkpoint-metric", "--patience", 3,
         "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
@@ -431,12 +436,7 @@ def test_a_learned_first_head_trains_and_decodes_exactly_through_fairseq_generat
     so the checkpoint's greedy output is no longer the base's; exact blockwise decoding (plain and on the fast
     step) through fairseq-generate is stock greedy on that checkpoint, sentence by sentence."""
     data = blockwise_trained["data"]
-    flags = [f for f in TRAIN_FLAGS]
-    flags[flags.index("--task") + 1] = "blockwise_translation"
-    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
-    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
-    flags[flags.index("--lr") + 1] = "3e-3"
-    run("fairseq_cli.train", os.path.join(data, "bin"), *flags, "--blockwise-heads", HEADS,
+    run("fairseq_cli.train", os.path.join(data, "bin"), *blockwise_train_flags(), "--blockwise-heads", HEADS,
         "--blockwise-learned-first-head", "--blockwise-base-checkpoint", blockwise_trained["checkpoint"],
         "--blockwise-freeze-base", "--blockwise-head-layout", "separate", "--max-epoch", 2,
         "--save-dir", tmp_path, "--no-epoch-checkpoints", env={"OMP_NUM_THREADS": TRAIN_THREADS})

@@ -3,12 +3,13 @@ fairseq's hypotheses through the stock beam search and the greedy loop, a clear 
 does not implement, and the task flags through fairseq-generate."""
 
 import argparse
+import json
 import math
 import os
 
 import pytest
 import torch
-from conftest import USER_DIR, DictionaryTask, random_batch, run, word_dictionary
+from conftest import USER_DIR, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -446,10 +447,6 @@ def test_fairseq_generate_refuses_what_the_fast_step_cannot_do(trained, flags, m
 def test_bench_of_the_fast_step_decodes_what_the_stock_generator_decodes(trained, tmp_path, batch_size):
     """bench --method fast_step (fp32, beam 5) against the stock generator on the same model: every sentence's
     output the stock one, at batch 1 and batch 8; the statistics count the timed sentences once."""
-    import json
-
-    from conftest import plugins_cli
-
     result_path = tmp_path / "fast_step.json"
     plugins_cli("bench", "--method", "fast_step", "--path", trained["checkpoint"], "--data", trained["data"],
                 "--threads", 1, "--runs", 1, "--beam", 5, "--batch-size", batch_size, "--limit", 16,

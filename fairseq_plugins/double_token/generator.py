@@ -27,7 +27,7 @@ reversed back to natural order (``FastStepRightToLeftGenerator``: the same on th
 
 import logging
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -187,8 +187,7 @@ class DoubleTokenGenerator(MethodGenerator):
         cumulative = torch.zeros(bsz, W, device=device)
         cumulative[:, 1:] = -math.inf  # at step 0 all beams are the same: expand only the first
         sentences = torch.arange(bsz, device=device)  # original index of each live sentence
-        finalized: List[List[Dict]] = [[] for _ in range(bsz)]
-        ranking: List[List[float]] = [[] for _ in range(bsz)]  # their scores, read on the CPU
+        finalized: List[List[Dict]] = [[] for _ in range(bsz)]  # CPU tensors until the end: no device reads
 
         step = 0
         while sentences.numel() > 0:
@@ -246,9 +245,7 @@ class DoubleTokenGenerator(MethodGenerator):
                 folded, scores, ending = folded.cpu(), scores.cpu(), sentences[i].tolist()
                 for n, sentence in enumerate(ending):
                     if len(finalized[sentence]) < W:
-                        hypothesis, score = self._hypothesis(folded[n], scores[n], device)
-                        finalized[sentence].append(hypothesis)
-                        ranking[sentence].append(score)
+                        finalized[sentence].append(self._hypothesis(folded[n], scores[n]))
             done = torch.tensor([len(finalized[i]) >= W for i in sentences.tolist()], device=device)
             if 2 * step >= max_len:  # every slot was forced to EOD: nothing can continue
                 done[:] = True
@@ -273,11 +270,13 @@ class DoubleTokenGenerator(MethodGenerator):
             sentences = sentences[keep]
             step += 1
 
-        for b, scores in enumerate(ranking):
-            order = sorted(range(len(scores)), key=lambda n: scores[n], reverse=True)  # stable, as list.sort
-            finalized[b] = [finalized[b][n] for n in order]
+        for hypotheses in finalized:
+            hypotheses.sort(key=lambda h: float(h["score"]), reverse=True)
+            for hypothesis in hypotheses:  # on the device, as fairseq's generator returns them
+                for key in ("tokens", "score", "positional_scores"):
+                    hypothesis[key] = hypothesis[key].to(device)
             self._stats["sentences"] += 1
-            self._stats["tokens"] += finalized[b][0]["tokens"].numel()
+            self._stats["tokens"] += hypotheses[0]["tokens"].numel()
         return finalized
 
     def _constrained_lprobs(self, logits: Tensor, step: int, max_len: int) -> Tensor:
@@ -297,15 +296,13 @@ class DoubleTokenGenerator(MethodGenerator):
             self.rules.apply(lprobs[:, slot], 2 * step + slot, max_len, end=self.eod)
         return lprobs
 
-    def _hypothesis(self, folded: Tensor, slot_scores: Tensor, device: torch.device) -> Tuple[Dict, float]:
-        """A finished folded hypothesis (ending with the pair holding its EOD; CPU tensors) in fairseq's
-        natural-order form, its tensors on ``device`` as fairseq's generator returns them; and its score."""
+    def _hypothesis(self, folded: Tensor, slot_scores: Tensor) -> Dict:
+        """A finished folded hypothesis (ending with the pair holding its EOD) in fairseq's natural-order form."""
         kept = unfold_indices(folded.tolist(), self.token_order, 2, self.eod)
-        index = torch.tensor(kept, dtype=torch.long)
+        index = torch.tensor(kept, dtype=torch.long, device=folded.device)
         tokens = torch.cat([folded[index], folded.new_full((1,), self.eos)])
         # The EOS position scores every slot not kept: the EOD(s) of the last pair.
         eos_score = slot_scores.sum() - slot_scores[index].sum()
         positional_scores = torch.cat([slot_scores[index], eos_score.view(1)])
-        score = self.rules.score(positional_scores)
-        return {"tokens": tokens.to(device), "score": score.to(device), "attention": None, "alignment": None,
-                "positional_scores": positional_scores.to(device)}, float(score)
+        return {"tokens": tokens, "score": self.rules.score(positional_scores), "attention": None, "alignment": None,
+                "positional_scores": positional_scores}
