@@ -162,22 +162,41 @@ def test_int8_matrices_refuse_cuda_weights_clearly():
         Int8Matrix(torch.randn(4, 4, device="cuda"))
 
 
-@pytest.mark.parametrize("rows, out_rows, dim", [(1, 256, 256), (5, 300, 70), (9, 33, 1), (4, 64, 1024)])
-def test_the_native_kernel_is_its_reference_bit_for_bit(backend, rows, out_rows, dim):
+@pytest.mark.parametrize("kernel", ["plain", "vnni"])
+@pytest.mark.parametrize("rows, out_rows, dim, with_bias", [
+    (1, 256, 256, True), (5, 300, 70, True), (9, 33, 1, True), (4, 64, 1024, True), (13, 7, 40, False),
+    (400, 24, 512, True), (2, 8, 64, False), (6, 17, 96, True),
+])
+def test_the_native_kernel_is_its_reference_bit_for_bit(backend, kernel, rows, out_rows, dim, with_bias):
     """Symmetric per-row rounding of the activations, exact integer sums, then the same float32 operations:
     equal to the last bit (the kernel is built without fused multiply-adds), whatever the row count (the
-    kernel takes rows four at a time) and the padding of ``dim`` to 32 bytes."""
+    kernels take rows four at a time), the output count (the VNNI kernel takes outputs 16 at a time, in
+    padded blocks of 8) and the padding of ``dim`` to 32 bytes."""
     if backend != "native":
         pytest.skip("the native kernel's own check")
     torch.manual_seed(rows)
-    weight, bias = torch.randn(out_rows, dim), torch.randn(out_rows)
+    weight = torch.randn(out_rows, dim)
+    bias = torch.randn(out_rows) if with_bias else None
     x = torch.randn(rows, dim) * torch.logspace(-3, 2, rows).unsqueeze(1)
     x = torch.cat([x, torch.zeros(1, dim)])  # and a row of zeros: scale 1, bias only
     matrix = Int8Matrix(weight, bias=bias)
     assert matrix.backend == "native" and matrix.values.size(1) % 32 == 0
+    if kernel == "plain":
+        matrix.vnni = None
+    elif matrix.vnni is None:
+        pytest.skip("this CPU (or compiler) has no VNNI: the plain kernel runs")
     expected = native.reference_product(x, matrix.values, matrix.scales, bias, dim)
-    assert torch.equal(matrix(x), expected) and torch.equal(matrix(x)[-1], bias)
-    assert not torch.equal(matrix(x), x @ weight.t() + bias)  # int8, not float32
+    assert torch.equal(matrix(x), expected)
+    assert torch.equal(matrix(x)[-1], bias if with_bias else torch.zeros(out_rows))
+    assert not torch.equal(matrix(x), x @ weight.t() + (bias if with_bias else 0))  # int8, not float32
+
+
+def test_the_vnni_kernel_is_built_where_the_cpu_has_vnni(backend):
+    if backend != "native":
+        pytest.skip("the native kernel's own check")
+    cpu = native._cpu_flags()
+    has_vnni = "avx_vnni" in cpu or {"avx512_vnni", "avx512vl", "avx512bw"} <= cpu
+    assert (Int8Matrix(torch.randn(8, 32)).vnni is not None) == has_vnni
 
 
 def test_without_a_compiler_int8_falls_back_to_fbgemm_with_a_warning(tmp_path, monkeypatch, caplog):

@@ -50,6 +50,8 @@ class Int8Matrix:
         self._dequantized = None
         if self.backend == "native":
             self.values = native.quantize_weight(weight, self.scales)  # (rows, d padded), int8
+            # The same values in the VNNI kernel's layout where this CPU has one (None: the plain kernel).
+            self.vnni = native.pack_weight(self.values, self.scales, self.bias)
             return
         with _quiet_quantization():
             quantized = torch.quantize_per_channel(weight, self.scales.double(),
@@ -84,14 +86,15 @@ class Int8Matrix:
         selected = Int8Matrix.__new__(Int8Matrix)
         selected.rows, selected.dim, selected.backend, selected._dequantized = rows.numel(), self.dim, "native", None
         selected.scales, selected.bias, selected.values = self.scales[rows], bias, self.values[rows]
+        selected.vnni = None  # a candidate list changes every sentence: not worth repacking
         return selected
 
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
         flat = x.reshape(-1, self.dim).float().contiguous()
         if self.backend == "native":
-            return native.int8_product(flat, self.values, self.scales, self.bias, self.dim).view(*shape[:-1],
-                                                                                                self.rows)
+            return native.int8_product(flat, self.values, self.scales, self.bias, self.dim,
+                                       self.vnni).view(*shape[:-1], self.rows)
         rows = flat.size(0)
         if self.buffer.size(0) < self.guard_rows + rows:
             grown = torch.zeros(self.guard_rows + 2 * rows, self.dim)

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -58,9 +59,63 @@ static inline __m256i dot32(__m256i a_abs, __m256i a, __m256i b, __m256i acc) {
 }
 #endif
 
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define FP_VNNI 1
+/* acc += the dot products of 32 unsigned x signed byte pairs, in eight int32 lanes (exact: no intermediate
+ * int16 sums). */
+static inline __m256i dot32_unsigned(__m256i u, __m256i s, __m256i acc) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_dpbusd_epi32(acc, u, s);
+#endif
+}
+#endif
+
 /* Kp a multiple of 32; rows of q and w zero padded from K to Kp. */
 void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, const float *ws, int64_t N,
                   int64_t Kp, const float *bias, float *y) {
+#if defined(FP_VNNI)
+    /* VNNI multiplies unsigned by signed bytes: u = q + 128 (the sign bit flipped) is unsigned, and
+     * sum u w - 128 sum w = sum q w exactly in int32, the same sums as the AVX2 path below. */
+    uint8_t *u = (uint8_t *)malloc((size_t)(M * Kp));
+    if (!u) abort();
+    const __m256i flip = _mm256_set1_epi8((char)0x80), offset = _mm256_set1_epi8((char)128);
+    for (int64_t i = 0; i < M * Kp; i += 32)
+        _mm256_storeu_si256((__m256i *)(u + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
+#define U(m, k) _mm256_loadu_si256((const __m256i *)(u + (m) * Kp + (k)))
+    for (int64_t n = 0; n < N; ++n) {
+        const int8_t *wn = w + n * Kp;
+        const float b = bias ? bias[n] : 0.0f;
+        __m256i c = _mm256_setzero_si256();
+        for (int64_t k = 0; k < Kp; k += 32)
+            c = dot32_unsigned(offset, _mm256_loadu_si256((const __m256i *)(wn + k)), c);
+        const int32_t correction = horizontal_sum(c); /* 128 sum w */
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < Kp; k += 32) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(wn + k));
+                a0 = dot32_unsigned(U(m + 0, k), wv, a0);
+                a1 = dot32_unsigned(U(m + 1, k), wv, a1);
+                a2 = dot32_unsigned(U(m + 2, k), wv, a2);
+                a3 = dot32_unsigned(U(m + 3, k), wv, a3);
+            }
+            y[(m + 0) * N + n] = (float)(horizontal_sum(a0) - correction) * xs[m + 0] * ws[n] + b;
+            y[(m + 1) * N + n] = (float)(horizontal_sum(a1) - correction) * xs[m + 1] * ws[n] + b;
+            y[(m + 2) * N + n] = (float)(horizontal_sum(a2) - correction) * xs[m + 2] * ws[n] + b;
+            y[(m + 3) * N + n] = (float)(horizontal_sum(a3) - correction) * xs[m + 3] * ws[n] + b;
+        }
+        for (; m < M; ++m) {
+            __m256i a0 = _mm256_setzero_si256();
+            for (int64_t k = 0; k < Kp; k += 32)
+                a0 = dot32_unsigned(U(m, k), _mm256_loadu_si256((const __m256i *)(wn + k)), a0);
+            y[m * N + n] = (float)(horizontal_sum(a0) - correction) * xs[m] * ws[n] + b;
+        }
+    }
+#undef U
+    free(u);
+#else
 #if defined(__AVX2__)
     /* |q| once for all N weight rows (one instruction less in the inner loop) */
     int8_t *q_abs = (int8_t *)malloc((size_t)(M * Kp));
@@ -108,6 +163,101 @@ void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, 
 #if defined(__AVX2__)
 #undef Q
     free(q_abs);
+#endif
+#endif
+}
+
+#if defined(FP_VNNI)
+/* The same product with w packed for VNNI (fp_int8_gemm's sums, so the same outputs): output rows in blocks of
+ * 8, each block Kp / 4 groups of 32 bytes, w[n0 + j, 4g .. 4g + 3] at byte 4j of group g; Np = N rounded up to
+ * 8, ws and bias zero padded to Np, corrections[n] = 128 sum_k w[n, k]. One 32-bit lane accumulates one
+ * output over k, so no horizontal sums; each weight group is read once for four input rows. */
+static inline void store_outputs(__m256i sums, const int32_t *corrections, float row_scale, const float *ws,
+                                 const float *bias, int64_t n0, int64_t N, float *y_row) {
+    __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, _mm256_loadu_si256((const __m256i *)(corrections + n0))));
+    v = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(row_scale)), _mm256_loadu_ps(ws + n0));
+    v = _mm256_add_ps(v, bias ? _mm256_loadu_ps(bias + n0) : _mm256_setzero_ps());
+    if (n0 + 8 <= N) {
+        _mm256_storeu_ps(y_row + n0, v);
+    } else {
+        float rest[8];
+        _mm256_storeu_ps(rest, v);
+        for (int64_t j = 0; n0 + j < N; ++j) y_row[n0 + j] = rest[j];
+    }
+}
+
+static inline __m256i broadcast4(const uint8_t *bytes) {
+    int32_t v;
+    memcpy(&v, bytes, 4);
+    return _mm256_set1_epi32(v);
+}
+
+void fp_int8_gemm_packed(const int8_t *q, const float *xs, int64_t M, const int8_t *wp, const float *ws,
+                         const int32_t *corrections, int64_t N, int64_t Kp, const float *bias, float *y) {
+    uint8_t *u = (uint8_t *)malloc((size_t)(M * Kp));
+    if (!u) abort();
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < M * Kp; i += 32)
+        _mm256_storeu_si256((__m256i *)(u + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
+    const int64_t groups = Kp / 4, blocks = (N + 7) / 8;
+    for (int64_t nb = 0; nb < blocks; nb += 2) {
+        const int two = nb + 1 < blocks;
+        const __m256i *w0 = (const __m256i *)(wp + nb * groups * 32);
+        const __m256i *w1 = two ? w0 + groups : w0;
+        const int64_t n0 = nb * 8, n1 = n0 + 8;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            const uint8_t *r0 = u + m * Kp, *r1 = r0 + Kp, *r2 = r1 + Kp, *r3 = r2 + Kp;
+            __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+                    a30 = a00, a31 = a00;
+            for (int64_t g = 0; g < groups; ++g) {
+                const __m256i b0 = _mm256_loadu_si256(w0 + g), b1 = _mm256_loadu_si256(w1 + g);
+                __m256i x = broadcast4(r0 + 4 * g);
+                a00 = dot32_unsigned(x, b0, a00);
+                a01 = dot32_unsigned(x, b1, a01);
+                x = broadcast4(r1 + 4 * g);
+                a10 = dot32_unsigned(x, b0, a10);
+                a11 = dot32_unsigned(x, b1, a11);
+                x = broadcast4(r2 + 4 * g);
+                a20 = dot32_unsigned(x, b0, a20);
+                a21 = dot32_unsigned(x, b1, a21);
+                x = broadcast4(r3 + 4 * g);
+                a30 = dot32_unsigned(x, b0, a30);
+                a31 = dot32_unsigned(x, b1, a31);
+            }
+            store_outputs(a00, corrections, xs[m + 0], ws, bias, n0, N, y + (m + 0) * N);
+            store_outputs(a10, corrections, xs[m + 1], ws, bias, n0, N, y + (m + 1) * N);
+            store_outputs(a20, corrections, xs[m + 2], ws, bias, n0, N, y + (m + 2) * N);
+            store_outputs(a30, corrections, xs[m + 3], ws, bias, n0, N, y + (m + 3) * N);
+            if (two) {
+                store_outputs(a01, corrections, xs[m + 0], ws, bias, n1, N, y + (m + 0) * N);
+                store_outputs(a11, corrections, xs[m + 1], ws, bias, n1, N, y + (m + 1) * N);
+                store_outputs(a21, corrections, xs[m + 2], ws, bias, n1, N, y + (m + 2) * N);
+                store_outputs(a31, corrections, xs[m + 3], ws, bias, n1, N, y + (m + 3) * N);
+            }
+        }
+        for (; m < M; ++m) {
+            const uint8_t *r0 = u + m * Kp;
+            __m256i a00 = _mm256_setzero_si256(), a01 = a00;
+            for (int64_t g = 0; g < groups; ++g) {
+                const __m256i x = broadcast4(r0 + 4 * g);
+                a00 = dot32_unsigned(x, _mm256_loadu_si256(w0 + g), a00);
+                a01 = dot32_unsigned(x, _mm256_loadu_si256(w1 + g), a01);
+            }
+            store_outputs(a00, corrections, xs[m], ws, bias, n0, N, y + m * N);
+            if (two) store_outputs(a01, corrections, xs[m], ws, bias, n1, N, y + m * N);
+        }
+    }
+    free(u);
+}
+#endif
+
+/* Whether fp_int8_gemm_packed exists in this build (the CPU and compiler had VNNI). */
+int fp_has_packed_gemm(void) {
+#if defined(FP_VNNI)
+    return 1;
+#else
+    return 0;
 #endif
 }
 
