@@ -76,13 +76,20 @@ def _decode_incremental(model, source, lengths, target, reorder_at=None, new_ord
     return torch.cat(steps, dim=1), target
 
 
+# A beam permutation with a duplicated hypothesis; the unchanged order (skipped by the decoder); the batch
+# shrinking to its first rows as finished sentences leave it (the order's values are those of an identity,
+# but the state's other rows must go).
+NEW_ORDERS = {"permuted": [2, 0, 0, 3], "unchanged": [0, 1, 2, 3], "shrunk": [0, 1]}
+
+
+@pytest.mark.parametrize("order", NEW_ORDERS)
 @pytest.mark.parametrize("preset", TRANSLATION_PRESETS + LM_PRESETS)
-def test_incremental_decoding_equals_the_full_forward_pass_under_beam_reordering(preset):
+def test_incremental_decoding_equals_the_full_forward_pass_under_beam_reordering(preset, order):
     narrow = preset in ("bytenet", "bytenet_lm", "bytenet_multi30k_char")
     model = build(preset, narrow=narrow).float()  # the precision decoding runs in
     dictionary = model.decoder.dictionary
     source, lengths, target = _random_batch(dictionary, batch=4, source_len=9, target_len=40)
-    new_order = torch.tensor([2, 0, 0, 3])  # a non-identity beam permutation, with a duplicated hypothesis
+    new_order = torch.tensor(NEW_ORDERS[order])
     with torch.no_grad():
         incremental, reordered_target = _decode_incremental(model, source, lengths, target, 17, new_order)
         full = _decode_full(model, source.index_select(0, new_order), lengths.index_select(0, new_order),

@@ -5,7 +5,10 @@
 #   prepare  : character-level Multi30k en->de (fairseq-plugins prepare --char) and Tiny Shakespeare
 #              (fairseq-plugins prepare-lm)
 #   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
-#   train-lm : bytenet_lm_shakespeare and a transformer_lm with as many parameters, LM_MINUTES each
+#   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
+#              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each
+#   average  : each trained system's last AVERAGE (5) epoch checkpoints averaged into checkpoint_avg.pt, which
+#              every later stage uses
 #   evaluate-mt: BLEU on test_2016_flickr, beam 12 and greedy, no length normalisation (--lenpen 0, the
 #              paper's setting) for both systems
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
@@ -16,18 +19,22 @@
 #   summary  : docs/results/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
 # Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
-#   env: STAGES ("prepare train-mt train-lm evaluate-mt evaluate-lm bench saliency summary"), MT_MINUTES (35), LM_MINUTES (20),
+#   env: STAGES ("prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary"),
+#        MT_MINUTES (600), LM_MINUTES (600): wall-clock caps; every training stops earlier at a plateau of
+#        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
-#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm transformer-lm": e.g. one of them
+#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm transformer-lm nanogpt-lm": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
 set -euo pipefail
 MULTI30K=${1:-../shared/data/multi30k}
 SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
 WORK=${3:-work/bytenet}
-STAGES=${STAGES:-prepare train-mt train-lm evaluate-mt evaluate-lm bench saliency summary}
-MT_MINUTES=${MT_MINUTES:-35}
-LM_MINUTES=${LM_MINUTES:-20}
+STAGES=${STAGES:-prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary}
+MT_MINUTES=${MT_MINUTES:-600}
+LM_MINUTES=${LM_MINUTES:-600}
+PATIENCE=${PATIENCE:-5}
+AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-12}
 DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-1}
@@ -48,10 +55,11 @@ if stage prepare; then
     "$SHAKESPEARE/train.txt" "$SHAKESPEARE/valid.txt" "$WORK/lm-data"
 fi
 
-# Both systems of a pair get the same optimiser, schedule, dropout and wall-clock budget.
+# Every system gets the same optimiser, schedule, dropout (but nanoGPT's own 0.2), wall-clock cap and plateau
+# rule (validation loss, checked once an epoch); the last AVERAGE epoch checkpoints are kept for averaging.
 COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 1.0
   --lr 1e-3 --lr-scheduler inverse_sqrt --dropout 0.1 --seed 1 --num-workers 0
-  --log-format simple --log-interval 50 --no-epoch-checkpoints)
+  --log-format simple --log-interval 50 --keep-last-epochs "$AVERAGE" --patience "$PATIENCE")
 MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang en --target-lang de
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --warmup-updates 1000
   --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
@@ -64,6 +72,10 @@ LM_TRAIN=("$WORK/lm-data/bin" --task language_modeling --tokens-per-sample 256 -
 # transformer_lm with the ByteNet LM's parameter count (4.66M vs 4.68M): 5 layers, d 256, FFN 1184.
 LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1184
   --decoder-attention-heads 4 --share-decoder-input-output-embed)
+# nanoGPT's reference character model (shakespeare_char: 6 layers, 6 heads, 384-d, dropout 0.2, tied
+# embeddings; 10.7M parameters) in fairseq's transformer_lm, trained by this pipeline.
+LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --decoder-ffn-embed-dim 1536
+  --decoder-attention-heads 6 --share-decoder-input-output-embed --dropout 0.2)
 
 train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread each), waited for together
   local pids=()
@@ -71,7 +83,7 @@ train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread 
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
     OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" --save-dir "$WORK/$name/checkpoints" \
-      > "$WORK/$name/train.log" 2>&1 &
+      >> "$WORK/$name/train.log" 2>&1 &  # appended: a re-run resumes
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
@@ -80,12 +92,24 @@ bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_
 transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}")
 bytenet_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_lm_shakespeare)
 transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]}")
+nanogpt_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_NANOGPT[@]}")
 MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
-LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm transformer-lm}
+LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm transformer-lm nanogpt-lm}
+# What every stage after training decodes: the average of the last epochs once the average stage made it.
+final_checkpoint() {
+  local dir=$WORK/$1/checkpoints
+  [[ -f $dir/checkpoint_avg.pt ]] && echo "$dir/checkpoint_avg.pt" || echo "$dir/checkpoint_best.pt"
+}
 # shellcheck disable=SC2086  # lists of names
 if stage train-mt; then train_pair $MT_SYSTEMS; fi
 # shellcheck disable=SC2086
 if stage train-lm; then train_pair $LM_SYSTEMS; fi
+if stage average; then
+  for name in $MT_SYSTEMS $LM_SYSTEMS; do
+    [[ -d $WORK/$name/checkpoints ]] && average_last_epochs "$WORK/$name/checkpoints" "$AVERAGE" \
+      "$WORK/$name/checkpoints/checkpoint_avg.pt"
+  done
+fi
 
 if stage evaluate-mt; then
   for name in $MT_SYSTEMS; do
@@ -93,7 +117,7 @@ if stage evaluate-mt; then
       out=$WORK/$name/test.beam$beam
       # --lenpen 0: no length normalisation (the paper's setting), for both systems alike.
       OMP_NUM_THREADS=$EVAL_THREADS record fairseq-generate "$WORK/mt-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
-        --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset test --beam "$beam" --lenpen 0 \
+        --path "$(final_checkpoint "$name")" --gen-subset test --beam "$beam" --lenpen 0 \
         --max-len-a 1.5 --max-len-b 10 --batch-size 32 > "$out.out"
       fairseq-plugins detok "$WORK/mt-data" --from-generate --input "$out.out" > "$out.txt"
     done
@@ -102,7 +126,7 @@ fi
 if stage evaluate-lm; then
   for name in $LM_SYSTEMS; do
     OMP_NUM_THREADS=$EVAL_THREADS record fairseq-eval-lm "$WORK/lm-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
-      --path "$WORK/$name/checkpoints/checkpoint_best.pt" --gen-subset valid --tokens-per-sample 256 \
+      --path "$(final_checkpoint "$name")" --gen-subset valid --tokens-per-sample 256 \
       --context-window 192 --max-tokens 8192 > "$WORK/$name/eval-lm.log" 2>&1
   done
 fi
@@ -116,7 +140,7 @@ if stage bench; then
   rm -f "$LENGTH_JSON"
   for length in ${LENGTHS:-100 200 400 800}; do
     decoding=$([[ $length -le ${RECOMPUTE_MAX:-400} ]] && echo recompute || echo cached)
-    record fairseq-plugins bench --method bytenet --path "$WORK/bytenet-mt/checkpoints/checkpoint_best.pt" \
+    record fairseq-plugins bench --method bytenet --path "$(final_checkpoint bytenet-mt)" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam 1 \
       --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-3}" --warmup 1 --latency-limit 0 \
       --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
@@ -124,7 +148,7 @@ if stage bench; then
   done
   # Both MT systems on the test set with the stock generator (beam BEAM, one sentence at a time).
   for name in $MT_SYSTEMS; do
-    record fairseq-plugins bench --method baseline --path "$WORK/$name/checkpoints/checkpoint_best.pt" \
+    record fairseq-plugins bench --method baseline --path "$(final_checkpoint "$name")" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 \
       --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "$name beam $BEAM" \
       --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json" --append
@@ -132,7 +156,7 @@ if stage bench; then
 fi
 
 if stage saliency; then
-  record fairseq-plugins saliency --path "$WORK/bytenet-mt/checkpoints/checkpoint_best.pt" --data "$WORK/mt-data" \
+  record fairseq-plugins saliency --path "$(final_checkpoint bytenet-mt)" --data "$WORK/mt-data" \
     --source "$(head -n 1 "$MULTI30K/test_2016_flickr.en")" --target "$(head -n 1 "$MULTI30K/test_2016_flickr.de")" \
     --output "$RESULTS/bytenet_saliency.png" --json "$RESULTS/bytenet_saliency.json"
 fi

@@ -2,12 +2,12 @@
 
 Tensors are (batch, time, channels) throughout; convolutions transpose around ``F.conv1d``. A masked
 (causal) convolution of kernel k and dilation r reads the frames t - (k-1)r, ..., t - r, t. In
-incremental decoding it keeps exactly the (k-1)r most recent input frames in fairseq's
-``incremental_state``, so a new token costs one k-tap product per layer whatever the length so far.
+incremental decoding it keeps exactly the (k-1)r most recent input frames (in fairseq's ``incremental_state``,
+one entry per stack), so a new token costs one k-tap product per layer whatever the length so far.
 Layer normalisation is over channels only (per time step), so no statistic ever sees the future.
 """
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,6 @@ from torch import Tensor, nn
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-@with_incremental_state
 class DilatedConv1d(nn.Module):
     """A k-tap convolution with dilation r: centred ("same" length) when unmasked, causal when masked."""
 
@@ -34,28 +33,26 @@ class DilatedConv1d(nn.Module):
         """Past frames a masked convolution reads besides the current one."""
         return (self.kernel_size - 1) * self.dilation
 
-    def forward(self, x: Tensor, incremental_state: Optional[IncrementalState] = None) -> Tensor:
-        if incremental_state is not None:
-            return self._step(x, incremental_state)
+    def forward(self, x: Tensor) -> Tensor:
         span = self.history
         padding = (span, 0) if self.masked else (span // 2, span // 2)
         return self.conv(F.pad(x.transpose(1, 2), padding)).transpose(1, 2)
 
-    def _step(self, x: Tensor, incremental_state: IncrementalState) -> Tensor:
-        """New frames x (batch, n, C) after the cached ones; returns their outputs."""
+    def step(self, x: Tensor, past: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """New frames x (batch, n, C) after the ``past`` ones (the last ``history``, None before the first
+        step): their outputs, and the frames to keep for the next step."""
         assert self.masked, "only a masked convolution decodes incrementally"
-        saved = self.get_incremental_state(incremental_state, "frames")
-        past = saved["past"] if saved is not None else x.new_zeros(x.size(0), self.history, x.size(2))
+        if past is None:
+            past = x.new_zeros(x.size(0), self.history, x.size(2))
         frames = torch.cat([past, x], dim=1)
-        if self.history:
-            self.set_incremental_state(incremental_state, "frames", {"past": frames[:, -self.history:]})
+        keep = frames[:, frames.size(1) - self.history:]
         if x.size(1) == 1:
             # One new frame: its k taps times the kernel as one matrix product (a dilated conv1d call on
             # a single output costs far more on CPU).
             taps = frames[:, :: self.dilation].reshape(x.size(0), 1, -1)
-            return F.linear(taps, self._flat_weight(), self.conv.bias)
+            return F.linear(taps, self._flat_weight(), self.conv.bias), keep
         # Valid (unpadded) convolution over history + n frames gives exactly the n new outputs.
-        return self.conv(frames.transpose(1, 2)).transpose(1, 2)
+        return self.conv(frames.transpose(1, 2)).transpose(1, 2), keep
 
     def _flat_weight(self) -> Tensor:
         """The kernel as (out, k * in), tap-major like the gathered taps; cached until the weight changes."""
@@ -68,11 +65,18 @@ class DilatedConv1d(nn.Module):
             self._flat_key = key
         return self._flat
 
-    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        saved = self.get_incremental_state(incremental_state, "frames")
-        if saved is not None:
-            self.set_incremental_state(incremental_state, "frames", {"past": saved["past"].index_select(0, new_order)})
-        return incremental_state
+
+def _norm(module: nn.LayerNorm, x: Tensor) -> Tensor:
+    """``module(x)`` without the module call (decoding steps run a few hundred of these per character)."""
+    return F.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
+
+
+def _linear(module: nn.Linear, x: Tensor) -> Tensor:
+    return F.linear(x, module.weight, module.bias)
+
+
+def _step_dropout(dropout: FairseqDropout, x: Tensor) -> Tensor:
+    return dropout(x) if dropout.p > 0 and (dropout.training or dropout.apply_during_inference) else x
 
 
 class ReLUBlock(nn.Module):
@@ -88,12 +92,20 @@ class ReLUBlock(nn.Module):
         self.expand = nn.Linear(hidden, channels)
         self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
 
-    def forward(self, x, keep: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None):
+    def forward(self, x, keep: Optional[Tensor] = None):
         h = self.reduce(F.relu(self.norm_in(x)))
         h = _zero_outside(F.relu(self.norm_mid(h)), keep)
-        h = self.conv(h, incremental_state)
+        h = self.conv(h)
         h = self.expand(F.relu(self.norm_out(h)))
         return x + self.dropout(h)
+
+    def step(self, x: Tensor, pasts: List[Optional[Tensor]]) -> Tuple[Tensor, List[Tensor]]:
+        """``forward`` on new frames after the cached ones, operation for operation (so it gives the same
+        numbers); ``pasts`` holds the convolution's kept frames."""
+        h = _linear(self.reduce, F.relu(_norm(self.norm_in, x)))
+        h, kept = self.conv.step(F.relu(_norm(self.norm_mid, h)), pasts[0])
+        h = _linear(self.expand, F.relu(_norm(self.norm_out, h)))
+        return x + _step_dropout(self.dropout, h), [kept]
 
 
 class MultiplicativeUnit(nn.Module):
@@ -103,8 +115,16 @@ class MultiplicativeUnit(nn.Module):
         super().__init__()
         self.conv = DilatedConv1d(channels, 4 * channels, kernel_size, dilation, masked)
 
-    def forward(self, h, incremental_state=None):
-        g1, g2, g3, u = self.conv(h, incremental_state).chunk(4, dim=-1)
+    def forward(self, h):
+        return self._gate(h, self.conv(h))
+
+    def step(self, h: Tensor, past: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        out, kept = self.conv.step(h, past)
+        return self._gate(h, out), kept
+
+    @staticmethod
+    def _gate(h: Tensor, out: Tensor) -> Tensor:
+        g1, g2, g3, u = out.chunk(4, dim=-1)
         return torch.sigmoid(g1) * torch.tanh(torch.sigmoid(g2) * h + torch.sigmoid(g3) * torch.tanh(u))
 
 
@@ -123,15 +143,33 @@ class MultiplicativeBlock(nn.Module):
         self.expand = nn.Linear(hidden, channels)
         self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
 
-    def forward(self, x, keep: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None):
+    def forward(self, x, keep: Optional[Tensor] = None):
         h = self.reduce(self.norm_in(x))
-        h = self.mu1(_zero_outside(self.norm_mu1(h), keep), incremental_state)
-        h = self.mu2(_zero_outside(self.norm_mu2(h), keep), incremental_state)
+        h = self.mu1(_zero_outside(self.norm_mu1(h), keep))
+        h = self.mu2(_zero_outside(self.norm_mu2(h), keep))
         h = self.expand(self.norm_out(h))
         return x + self.dropout(h)
 
+    def step(self, x: Tensor, pasts: List[Optional[Tensor]]) -> Tuple[Tensor, List[Tensor]]:
+        """``forward`` on new frames after the cached ones (see ReLUBlock.step)."""
+        h = _linear(self.reduce, _norm(self.norm_in, x))
+        h, kept1 = self.mu1.step(_norm(self.norm_mu1, h), pasts[0])
+        h, kept2 = self.mu2.step(_norm(self.norm_mu2, h), pasts[1])
+        h = _linear(self.expand, _norm(self.norm_out, h))
+        return x + _step_dropout(self.dropout, h), [kept1, kept2]
+
 
 BLOCK_TYPES = {"relu": ReLUBlock, "multiplicative": MultiplicativeBlock}
+
+
+def keeps_every_row(order: Tensor, rows: int) -> bool:
+    """Whether a generator's reordering of ``rows`` rows keeps each in place (greedy decoding of one sentence,
+    a beam that kept its hypotheses where they were). Checked on the CPU only: on a device the check would
+    cost a synchronisation, more than the reordering it saves."""
+    return (
+        order.device.type == "cpu" and order.numel() == rows
+        and bool(torch.equal(order, torch.arange(rows, dtype=order.dtype)))
+    )
 
 
 def _zero_outside(h: Tensor, keep: Optional[Tensor]) -> Tensor:
@@ -149,6 +187,7 @@ def parse_dilations(text: str, flag: str) -> List[int]:
     return dilations
 
 
+@with_incremental_state
 class DilatedStack(nn.Module):
     """``blocks`` residual blocks whose dilations cycle through ``dilations`` (the paper's sets of five)."""
 
@@ -164,14 +203,31 @@ class DilatedStack(nn.Module):
             block_class(channels, hidden, kernel_size, dilation, masked, dropout) for dilation in self.block_dilations
         )
         self.final_norm = nn.LayerNorm(channels)
-        # The modules that hold decoding state (a plain list: they are registered under self.blocks).
-        self.convolutions: List[DilatedConv1d] = [m for m in self.blocks.modules() if isinstance(m, DilatedConv1d)]
 
     def receptive_field(self) -> int:
         """Input frames one output frame depends on, itself included (all past ones when masked, centred if not)."""
         return 1 + (self.kernel_size - 1) * self.convolutions_per_block * sum(self.block_dilations)
 
-    def forward(self, x, keep=None, incremental_state=None):
-        for block in self.blocks:
-            x = block(x, keep, incremental_state)
-        return self.final_norm(x)
+    def forward(self, x, keep=None, incremental_state: Optional[IncrementalState] = None):
+        """The whole sequence, or (with ``incremental_state``, masked stacks only) new frames after the cached
+        ones. The cache is one entry for the whole stack, each convolution's last (k-1)r input frames."""
+        if incremental_state is None:
+            for block in self.blocks:
+                x = block(x, keep)
+            return self.final_norm(x)
+        saved = self.get_incremental_state(incremental_state, "frames")
+        per_block = self.convolutions_per_block
+        kept: Dict[str, Optional[Tensor]] = {}
+        for i, block in enumerate(self.blocks):
+            names = [str(i * per_block + j) for j in range(per_block)]
+            x, frames = block.step(x, [saved[name] if saved is not None else None for name in names])
+            kept.update(zip(names, frames))
+        self.set_incremental_state(incremental_state, "frames", kept)
+        return _norm(self.final_norm, x)
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
+        saved = self.get_incremental_state(incremental_state, "frames")
+        if saved is not None and not keeps_every_row(new_order, next(iter(saved.values())).size(0)):
+            self.set_incremental_state(
+                incremental_state, "frames", {name: frames.index_select(0, new_order) for name, frames in saved.items()}
+            )

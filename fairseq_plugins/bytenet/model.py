@@ -24,7 +24,7 @@ from fairseq.models import (
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, parse_dilations
+from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, keeps_every_row, parse_dilations
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ class ByteNetEncoder(FairseqEncoder):
         return {"encoder_out": [x], "unfolded_lengths": [unfolded], "src_lengths": [lengths]}
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        if keeps_every_row(new_order, encoder_out["encoder_out"][0].size(0)):
+            return encoder_out
         return {key: [value.index_select(0, new_order) for value in values] for key, values in encoder_out.items()}
 
     def max_positions(self):
@@ -163,10 +165,9 @@ class ByteNetDecoder(FairseqIncrementalDecoder):
         return incremental_state  # the step count is the same for every hypothesis; layers reorder their frames
 
     def reorder_incremental_state_scripting(self, incremental_state: IncrementalState, new_order: Tensor):
-        # Only the masked convolutions hold state: visit them directly instead of walking every submodule
-        # (fairseq's default), which beam search does at every step.
-        for convolution in self.stack.convolutions:
-            convolution.reorder_incremental_state(incremental_state, new_order)
+        # Only the stack holds frames: reorder it directly instead of walking every submodule (fairseq's
+        # default), which the generator does at every step.
+        self.stack.reorder_incremental_state(incremental_state, new_order)
 
     def max_positions(self):
         return self.max_target_positions
