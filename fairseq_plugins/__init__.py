@@ -7,9 +7,14 @@ fairseq-generate decodes every sentence. So ``fairseq-train``, ``fairseq-generat
 """
 
 import importlib
+import logging
 import os
 
 __version__ = "0.1.0"  # setup.py reads it from here
+
+# Importing fairseq logs "Please install tensorboardX" (fairseq.tasks.text_to_speech, at INFO, visible through
+# the root handler another fairseq module installs on import) on every command: no method here uses it.
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 try:
     importlib.import_module("fairseq")

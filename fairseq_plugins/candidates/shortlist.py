@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..common.dictionaries import check_dictionaries, dictionary_fingerprint, ids_by_count
+from ..common.progress import progress_bar
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -24,13 +25,15 @@ FORMAT_VERSION = 1
 NULL_WORD = "<eps>"  # fast_align's empty source word
 
 
-def read_lexical_table(path: str) -> Dict[str, List[Tuple[float, str]]]:
-    """source word -> [(ln p(target | source), target word)] from a fast_align ``-p`` style text table."""
+def read_lexical_table(path: str, progress: bool = False) -> Dict[str, List[Tuple[float, str]]]:
+    """source word -> [(ln p(target | source), target word)] from a fast_align ``-p`` style text table.
+    ``progress``: a bar on stderr (a table has millions of lines)."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such lexical table")
     table: Dict[str, List[Tuple[float, str]]] = defaultdict(list)
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, encoding="utf-8") as f, \
+            progress_bar(f, progress, desc="shortlist: reading the lexical table", unit="line") as lines:
+        for number, line in enumerate(lines, start=1):
             fields = line.rstrip("\n").split("\t")
             if len(fields) != 3:
                 raise InputError(f"{path}:{number}: expected 'source<TAB>target<TAB>log-probability', "
@@ -60,14 +63,15 @@ class Shortlist:
 
     @classmethod
     def build(cls, lexical_table: Dict[str, List[Tuple[float, str]]], src_dict, tgt_dict, top: int = 20,
-              frequent: int = 100, source: str = "") -> "Shortlist":
+              frequent: int = 100, source: str = "", progress: bool = False) -> "Shortlist":
         if top < 1:
             raise InputError(f"--top {top}: needs at least one translation per source word")
         if frequent < 0:
             raise InputError(f"--frequent {frequent}: must not be negative")
         translations = torch.full((len(src_dict), top), -1, dtype=torch.long)
         unknown_source = unknown_target = 0
-        for source_word, entries in lexical_table.items():
+        for source_word, entries in progress_bar(lexical_table.items(), progress, total=len(lexical_table),
+                                                 desc="shortlist: lists", unit="word"):
             source_id = src_dict.index(source_word)
             if source_word == NULL_WORD or source_id == src_dict.unk():
                 unknown_source += source_word != NULL_WORD

@@ -12,7 +12,6 @@ Two backends write the same Pharaoh ``i-j`` lines (source position i, target pos
 """
 
 import contextlib
-import logging
 import math
 import os
 import shutil
@@ -21,11 +20,11 @@ import subprocess
 import tempfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from .progress import progress_bar
 from .textio import InputError, atomic_output, positive_int, read_parallel
 
-logger = logging.getLogger(__name__)
-
 BACKENDS = ("systran", "fast_align")
+BACKEND_STEPS = {"systran": 2, "fast_align": 3}  # the _step calls of each, the length of its progress bar
 Alignment = List[Tuple[int, int]]
 
 
@@ -36,7 +35,7 @@ def add_align_parser(subparsers):
     p.add_argument("--target", required=True, help="tokenised target text, same number of lines")
     p.add_argument("--output", required=True, help="write the alignments here, one line per sentence pair")
     p.add_argument("--backend", choices=BACKENDS, default="systran",
-                   help="systran: the pip wheel (default); fast_align: a user-built binary by subprocess")
+                   help="systran: the pip wheel; fast_align: a user-built binary by subprocess")
     p.add_argument("--fast-align", default=None,
                    help="fast_align binary (default: $FAST_ALIGN, then fast_align on PATH)")
     p.add_argument("--atools", default=None,
@@ -50,16 +49,18 @@ def add_align_parser(subparsers):
 
 def _run_align(args, argv=None) -> None:
     alignments = align_corpus(args.source, args.target, backend=args.backend, fast_align=args.fast_align,
-                              atools=args.atools, lexical_table=args.lexical_table, iterations=args.iterations)
+                              atools=args.atools, lexical_table=args.lexical_table, iterations=args.iterations,
+                              progress=True)
     write_pharaoh(args.output, alignments)
     links = sum(len(a) for a in alignments)
-    logger.info("%s: %d sentence pairs, %d links (%s backend)", args.output, len(alignments), links, args.backend)
+    print(f"{args.output}: {len(alignments)} sentence pairs, {links} links ({args.backend} backend)")
 
 
 def align_corpus(source_path: str, target_path: str, backend: str = "systran", fast_align: Optional[str] = None,
                  atools: Optional[str] = None, lexical_table: Optional[str] = None,
-                 iterations: int = 5) -> List[Alignment]:
-    """Symmetrised (grow-diag-final-and) alignments of every sentence pair, as sorted (source, target) pairs."""
+                 iterations: int = 5, progress: bool = False) -> List[Alignment]:
+    """Symmetrised (grow-diag-final-and) alignments of every sentence pair, as sorted (source, target) pairs.
+    ``progress``: a bar on stderr of the aligner's steps (its EM training runs in C++, out of sight)."""
     if backend not in BACKENDS:
         raise InputError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     # read_parallel rejects empty lines and mismatched line counts, naming the file and line.
@@ -74,13 +75,23 @@ def align_corpus(source_path: str, target_path: str, backend: str = "systran", f
         with open(corpus, "w", encoding="utf-8") as f:
             for src, tgt in zip(source, target):
                 f.write(f"{' '.join(src.split())} ||| {' '.join(tgt.split())}\n")
-        if backend == "systran":
-            return _align_systran(corpus, source, target, scratch, iterations, lexical_table)
-        return _align_fast_align(corpus, len(source), scratch, fast_align, atools, lexical_table, iterations)
+        with progress_bar(None, progress, total=BACKEND_STEPS[backend], desc=f"align ({backend})", unit="step") as bar:
+            if backend == "systran":
+                return _align_systran(corpus, source, target, scratch, iterations, lexical_table, bar)
+            return _align_fast_align(corpus, len(source), scratch, fast_align, atools, lexical_table, iterations,
+                                     bar)
+
+
+@contextlib.contextmanager
+def _step(bar, name: str) -> Iterator[None]:
+    """One step of an alignment's progress bar: named on the bar while it runs, counted when it ends."""
+    bar.set_postfix_str(name)
+    yield
+    bar.update()
 
 
 def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], scratch: str,
-                   iterations: int, lexical_table: Optional[str] = None) -> List[Alignment]:
+                   iterations: int, lexical_table: Optional[str], bar) -> List[Alignment]:
     try:
         import systran_align
     except ImportError as e:
@@ -88,14 +99,16 @@ def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], sc
                          "Linux x86_64, Python < 3.12); or use --backend fast_align with a built fast_align") from e
     forward, backward = os.path.join(scratch, "forward.probs"), os.path.join(scratch, "backward.probs")
     with _single_openmp_thread():
-        systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
-        aligner = systran_align.Aligner(forward, backward)
-        alignments = []
-        chunk = 10000
-        for start in range(0, len(source), chunk):
-            results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
-                                          [t.split() for t in target[start:start + chunk]])
-            alignments.extend(sorted(set(r["alignments"])) for r in results)
+        with _step(bar, f"EM training, both directions, {iterations} iterations"):
+            systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
+        with _step(bar, "aligning"):
+            aligner = systran_align.Aligner(forward, backward)
+            alignments = []
+            chunk = 10000
+            for start in range(0, len(source), chunk):
+                results = aligner.align_batch([s.split() for s in source[start:start + chunk]],
+                                              [t.split() for t in target[start:start + chunk]])
+                alignments.extend(sorted(set(r["alignments"])) for r in results)
     if lexical_table:
         with atomic_output(lexical_table) as out:
             for source_word, target_word, probability in read_systran_probabilities(forward):
@@ -167,16 +180,19 @@ def find_binary(explicit: Optional[str], env_var: str, name: str, beside: Option
 
 
 def _align_fast_align(corpus: str, pairs: int, scratch: str, fast_align: Optional[str], atools: Optional[str],
-                      lexical_table: Optional[str], iterations: int) -> List[Alignment]:
+                      lexical_table: Optional[str], iterations: int, bar) -> List[Alignment]:
     binary = find_binary(fast_align, "FAST_ALIGN", "fast_align")
     atools_binary = find_binary(atools, "ATOOLS", "atools", beside=binary)
     forward, reverse = os.path.join(scratch, "forward.align"), os.path.join(scratch, "reverse.align")
     common = [binary, "-i", corpus, "-d", "-o", "-v", "-I", str(iterations)]
     table = os.path.join(scratch, "forward.table")
-    _run_tool(common + ["-p", table], forward)
-    _run_tool(common + ["-r"], reverse)
+    with _step(bar, f"forward model, {iterations} iterations"):
+        _run_tool(common + ["-p", table], forward)
+    with _step(bar, f"reverse model, {iterations} iterations"):
+        _run_tool(common + ["-r"], reverse)
     symmetrised = os.path.join(scratch, "symmetrised.align")
-    _run_tool([atools_binary, "-i", forward, "-j", reverse, "-c", "grow-diag-final-and"], symmetrised)
+    with _step(bar, "symmetrising"):
+        _run_tool([atools_binary, "-i", forward, "-j", reverse, "-c", "grow-diag-final-and"], symmetrised)
     if lexical_table:
         with open(table, encoding="utf-8") as f, atomic_output(lexical_table) as out:
             shutil.copyfileobj(f, out)

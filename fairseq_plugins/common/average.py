@@ -8,7 +8,6 @@ any checkpoint. Its optimizer state is dropped: an average is for decoding, not 
 """
 
 import collections
-import logging
 import os
 import re
 from typing import Dict, List, Optional
@@ -16,8 +15,6 @@ from typing import Dict, List, Optional
 import torch
 
 from .textio import InputError, positive_int
-
-logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -91,7 +88,8 @@ def add_average_parser(subparsers):
     p = subparsers.add_parser(
         "average-checkpoints", help="average the models of a run's last checkpoints (fairseq's "
                                     "scripts/average_checkpoints.py, which the fairseq wheel lacks)")
-    p.add_argument("--inputs", nargs="+", required=True,
+    # --input: detok's spelling, so either works for both
+    p.add_argument("--inputs", "--input", dest="inputs", nargs="+", required=True,
                    help="checkpoint files, or one save directory with --num-epoch-checkpoints/--num-update-checkpoints")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
     count = p.add_mutually_exclusive_group()
@@ -123,5 +121,4 @@ def _run_average(args, argv):
     partial = args.output + ".tmp"
     torch.save(state, partial)
     os.replace(partial, args.output)  # never a half-written checkpoint under the final name
-    logger.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(os.path.basename(p) for p in paths),
-                args.output)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)}) into {args.output}")

@@ -30,6 +30,7 @@ MANIFEST = "prepare.json"
 MANIFEST_VERSION = 1
 FAIRSEQ_SPLITS = ("train", "valid", "test")
 LM_STREAM = "txt"  # prepare_lm's tokenised text: tok/<split>.txt
+NUM_SPECIAL_SYMBOLS = 4  # fairseq's <s>, <pad>, </s>, <unk>: in a Dictionary, not in its dict.*.txt
 # File stems each fairseq split is found under, in order of preference (Multi30k's names first).
 SPLIT_STEMS = {
     "train": ("train",),
@@ -152,7 +153,6 @@ def prepare(
             "command": command or [],
         }
         _write_manifest(build_dir, manifest)
-    logger.info("prepared %s -> %s", raw_dir, out_dir)
     return manifest
 
 
@@ -214,8 +214,27 @@ def _tokenize_and_binarize(build_dir: str, texts: Dict[str, Dict[str, List[str]]
         argv.append("--only-source")
     if joined_dictionary:
         argv.append("--joined-dictionary")
-    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    with _preprocess_log_kept():
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
     return encoded
+
+
+@contextlib.contextmanager
+def _preprocess_log_kept() -> Iterator[None]:
+    """fairseq-preprocess writes bin/preprocess.log (dictionary sizes, <unk> rates) through its INFO logs: keep
+    them for that file when the command is quiet (WARNING), without letting them through to stderr."""
+    log = logging.getLogger("fairseq_cli.preprocess")
+    if log.isEnabledFor(logging.INFO):  # -v: they go to stderr too, as fairseq-preprocess shows them
+        yield
+        return
+    level, propagate = log.level, log.propagate
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        log.propagate = propagate
 
 
 def _write_manifest(build_dir: str, manifest: Dict) -> None:
@@ -255,6 +274,14 @@ class PreparedData:
 
     def raw_path(self, split: str, lang: str) -> str:
         return os.path.join(self.path, "raw", f"{split}.{lang}")
+
+
+def binarized_dir(path: str) -> str:
+    """The fairseq-preprocess output a ``--data`` flag names: a prepared directory's bin/, or such a directory
+    itself (the two cannot be confused: only a prepared directory has a manifest)."""
+    if os.path.isfile(os.path.join(path, MANIFEST)) and os.path.isdir(os.path.join(path, "bin")):
+        return os.path.join(path, "bin")
+    return path
 
 
 _GENERATE_LINE = re.compile(r"([SH])-(\d+)\t")
@@ -341,7 +368,6 @@ def prepare_lm(
             "command": command or [],
         }
         _write_manifest(build_dir, manifest)
-    logger.info("prepared character LM data %s -> %s", ", ".join(sources.values()), out_dir)
     return manifest
 
 
@@ -379,12 +405,23 @@ def add_prepare_parser(subparsers):
 
 def _run_prepare(args, argv):
     stems = {split: getattr(args, f"{split}_name") for split in ("train", "valid", "test")}
-    prepare(
+    manifest = prepare(
         args.raw_dir, args.out_dir, args.source_lang, args.target_lang,
         tokenizer=args.tokenizer, vocab_size=args.vocab_size, joint=args.joint,
         spm_model_type=args.spm_model_type, split_stems=stems, train_limit=args.train_limit,
         workers=args.workers, overwrite=args.overwrite, command=["fairseq-plugins"] + argv,
     )
+    # The result line: fairseq-preprocess's own figures are INFO logs, shown with -v (and in bin/preprocess.log).
+    splits = ", ".join(f"{split} {info['lines']}" for split, info in manifest["splits"].items())
+    sizes = ", ".join(f"{lang} {_dictionary_size(os.path.join(args.out_dir, 'bin', f'dict.{lang}.txt'))}"
+                      for lang in (args.source_lang, args.target_lang))
+    print(f"prepared {args.raw_dir} -> {args.out_dir}: {splits} sentence pairs; dictionary {sizes} types")
+
+
+def _dictionary_size(path: str) -> int:
+    """The size of a fairseq-preprocess dictionary file as a fairseq Dictionary."""
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f) + NUM_SPECIAL_SYMBOLS
 
 
 def add_prepare_lm_parser(subparsers):
@@ -403,8 +440,12 @@ def add_prepare_lm_parser(subparsers):
 
 
 def _run_prepare_lm(args, argv):
-    prepare_lm(args.train, args.valid, args.out_dir, test=args.test, overwrite=args.overwrite,
-               command=["fairseq-plugins"] + argv)
+    manifest = prepare_lm(args.train, args.valid, args.out_dir, test=args.test, overwrite=args.overwrite,
+                          command=["fairseq-plugins"] + argv)
+    splits = ", ".join(f"{split} {info['lines']} lines ({info['characters']} characters)"
+                       for split, info in manifest["splits"].items())
+    print(f"prepared character LM data -> {args.out_dir}: {splits}; dictionary "
+          f"{_dictionary_size(os.path.join(args.out_dir, 'bin', 'dict.txt'))} symbols")
 
 
 def add_detok_parser(subparsers):
@@ -413,7 +454,8 @@ def add_detok_parser(subparsers):
     )
     p.add_argument("data", help="prepared data directory (has prepare.json)")
     p.add_argument("--lang", default=None, help="language whose tokenizer to use (default: the target)")
-    p.add_argument("--input", default="-", help="input file (default: standard input)")
+    # --inputs: average-checkpoints' spelling, so either works for both
+    p.add_argument("--input", "--inputs", dest="input", default="-", help="input file ('-': standard input)")
     p.add_argument("--from-generate", action="store_true",
                    help="input is fairseq-generate output: take its H- lines in sentence order")
     p.add_argument("--keep-pieces", action="store_true",

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..common.align import Alignment
 from ..common.dictionaries import check_dictionaries, dictionary_fingerprint
+from ..common.progress import progress_bar
 from ..common.textio import InputError, atomic_output
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,9 @@ class CandidateTable:
     @classmethod
     def build(cls, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
               alignments: Sequence[Alignment], src_dict, tgt_dict, top_n: int = 40,
-              alignment_path: str = "alignments") -> "CandidateTable":
-        """Count the tables. ``sources``/``targets`` are token ids without EOS; links are 0-based (i, j)."""
+              alignment_path: str = "alignments", progress: bool = False) -> "CandidateTable":
+        """Count the tables. ``sources``/``targets`` are token ids without EOS; links are 0-based (i, j).
+        ``progress``: progress bars on stderr (a corpus of millions of pairs counts for minutes)."""
         if top_n < 1:
             raise InputError(f"--top-n {top_n}: keep at least one target token per context")
         if not (len(sources) == len(targets) == len(alignments)):
@@ -93,26 +95,29 @@ class CandidateTable:
         positional: Dict[Tuple[int, int], Dict[int, float]] = defaultdict(lambda: defaultdict(float))
         lengths = []
         links_counted = 0
-        for number, (source, target, links) in enumerate(zip(sources, targets, alignments), start=1):
-            S, T = len(source), len(target)
-            for i, j in links:
-                if i >= S or j >= T:
-                    raise InputError(f"{alignment_path}:{number}: link {i}-{j} is outside the sentence pair "
-                                     f"({S} source, {T} target tokens)")
-            if S == 0 or T == 0:
-                continue
-            lengths.append((S, T))
-            for j, positions in enumerate(_spread_links(links, S, T)):
-                weight = 1.0 / len(positions)
-                t = j + 1
-                for i in positions:
-                    a = i + 1
-                    lexical[(source[i], a - t)][target[j]] += weight
-                    positional[(S, t)][a] += weight
-                    links_counted += 1
+        # with: closed (the line cleared) on an error too, before its message
+        with progress_bar(zip(sources, targets, alignments), progress, total=len(sources),
+                          desc="lattice table: counting", unit="pair") as pairs:
+            for number, (source, target, links) in enumerate(pairs, start=1):
+                S, T = len(source), len(target)
+                for i, j in links:
+                    if i >= S or j >= T:
+                        raise InputError(f"{alignment_path}:{number}: link {i}-{j} is outside the sentence pair "
+                                         f"({S} source, {T} target tokens)")
+                if S == 0 or T == 0:
+                    continue
+                lengths.append((S, T))
+                for j, positions in enumerate(_spread_links(links, S, T)):
+                    weight = 1.0 / len(positions)
+                    t = j + 1
+                    for i in positions:
+                        a = i + 1
+                        lexical[(source[i], a - t)][target[j]] += weight
+                        positional[(S, t)][a] += weight
+                        links_counted += 1
         if not lengths:
             raise InputError(f"{alignment_path}: no sentence pair with tokens on both sides")
-        state = cls._tensors(lexical, positional, lengths, top_n)
+        state = cls._tensors(lexical, positional, lengths, top_n, progress)
         unigram = torch.zeros(len(tgt_dict), dtype=torch.float64)
         for target in targets:
             unigram.index_add_(0, torch.tensor(target, dtype=torch.long), torch.ones(len(target), dtype=torch.float64))
@@ -126,13 +131,13 @@ class CandidateTable:
         return cls(state)
 
     @staticmethod
-    def _tensors(lexical, positional, lengths, top_n) -> Dict:
+    def _tensors(lexical, positional, lengths, top_n, progress: bool = False) -> Dict:
         max_offset = max(abs(offset) for _, offset in lexical)
         span = 2 * max_offset + 1
         keys = sorted(lexical, key=lambda k: k[0] * span + k[1] + max_offset)
         lexical_tokens = torch.zeros(len(keys), top_n, dtype=torch.long)
         lexical_probs = torch.zeros(len(keys), top_n)
-        for row, key in enumerate(keys):
+        for row, key in enumerate(progress_bar(keys, progress, desc="lattice table: top-n lists", unit="context")):
             counts = lexical[key]
             total = sum(counts.values())
             # Most frequent first; ties by token id, so the table is deterministic.
@@ -304,14 +309,15 @@ def _strip_eos(ids: List[int], eos: int) -> List[int]:
 
 def lattice_recall(table: CandidateTable, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
                    ks: Sequence[int], vocabulary: int, excluded: Sequence[int] = (),
-                   batch_size: int = 64) -> Dict[int, float]:
+                   batch_size: int = 64, progress: bool = False) -> Dict[int, float]:
     """Share of reference tokens that are among the top-k candidates of their position (paper Fig. 1),
-    with the reference length as the length the lattice is built for."""
+    with the reference length as the length the lattice is built for. ``progress``: a bar on stderr."""
     hits = {k: 0 for k in ks}
     total = 0
     biggest = max(ks)
-    for start in range(0, len(sources), batch_size):
-        chunk = [(s, t) for s, t in zip(sources[start:start + batch_size], targets[start:start + batch_size]) if s and t]
+    for start in progress_bar(range(0, len(sources), batch_size), progress, desc="lattice recall", unit="batch"):
+        chunk = [(s, t) for s, t in zip(sources[start:start + batch_size], targets[start:start + batch_size])
+                 if s and t]
         if not chunk:
             continue
         source, source_lengths = _pad_batch([s for s, _ in chunk])
