@@ -6,7 +6,6 @@ per input word and normalised per column (each target word's column sums to one 
 rows together). Written as a PNG heatmap: source words above, target words below, target words across.
 """
 
-import logging
 import os
 from typing import Dict, List, Tuple
 
@@ -15,7 +14,6 @@ import torch
 from ..common.plots import pyplot, save_png
 from ..common.textio import InputError, atomic_output
 
-logger = logging.getLogger(__name__)
 
 
 def add_saliency_parser(subparsers):
@@ -146,7 +144,7 @@ def run_saliency(args, argv):
         with torch.no_grad():
             target = generator.generate([model], sample)[0][0]["tokens"]
         target_text = tokenizers[data.target_lang].decode(task.target_dictionary.string(target))
-        logger.info("target (greedy): %s", target_text)
+        print(f"target (greedy): {target_text}")
     else:
         target = encode(args.target, task.target_dictionary, data.target_lang)
     space = tokenizers[data.target_lang].space_symbol
@@ -158,4 +156,4 @@ def run_saliency(args, argv):
         with atomic_output(args.json) as f:
             json.dump({**result, "source": args.source, "command": ["fairseq-plugins"] + argv}, f, indent=1,
                       ensure_ascii=False)
-    logger.info("wrote %s (%d target words x %d input words)", args.output, len(result["columns"]), len(result["rows"]))
+    print(f"wrote {args.output} ({len(result['columns'])} target words x {len(result['rows'])} input words)")
