@@ -150,7 +150,7 @@ class _Layer:
                     and matrix.weight.device.type == "cpu":
                 structs[name] = native.float_matrix(matrix.weight, matrix.bias)
             elif isinstance(matrix, Int8Matrix) and matrix.backend == "native":
-                structs[name] = native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim)
+                structs[name] = native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim, matrix.vnni)
             else:
                 return None
         # The kernel reads raw pointers: float32 copies of the norms, which a later model.to()/half() leaves alone

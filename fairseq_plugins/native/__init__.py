@@ -136,7 +136,9 @@ class Matrix(ctypes.Structure):
     row scales; the bias (or NULL) and the sizes."""
     _fields_ = [("weights", ctypes.c_void_p), ("values", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p),
-                ("out", ctypes.c_int64), ("in_", ctypes.c_int64), ("width", ctypes.c_int64)]
+                ("out", ctypes.c_int64), ("in_", ctypes.c_int64), ("width", ctypes.c_int64),
+                ("packed", ctypes.c_void_p), ("corrections", ctypes.c_void_p), ("packed_scales", ctypes.c_void_p),
+                ("packed_bias", ctypes.c_void_p)]
 
 
 LAYER_MATRICES = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")
@@ -165,10 +167,16 @@ def float_matrix(weight: Tensor, bias: Optional[Tensor]) -> Matrix:
                   width=weight.size(1))
 
 
-def int8_matrix(values: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int) -> Matrix:
-    """fp_matrix of padded int8 ``values`` (out, width), row ``scales`` and bias (kept alive by the caller)."""
-    return Matrix(values=_pointer(values), scales=_pointer(scales), bias=_pointer(bias), out=values.size(0),
-                  in_=dim, width=values.size(1))
+def int8_matrix(values: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int,
+                packed: Optional["PackedWeight"] = None) -> Matrix:
+    """fp_matrix of padded int8 ``values`` (out, width), row ``scales`` and bias, and the same values ``packed``
+    for the VNNI kernel where there is one (all kept alive by the caller)."""
+    matrix = Matrix(values=_pointer(values), scales=_pointer(scales), bias=_pointer(bias), out=values.size(0),
+                    in_=dim, width=values.size(1))
+    if packed is not None:
+        matrix.packed, matrix.corrections = _pointer(packed.values), packed.corrections.data_ptr()
+        matrix.packed_scales, matrix.packed_bias = _pointer(packed.scales), _pointer(packed.bias)
+    return matrix
 
 
 def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, normalize_before: bool,

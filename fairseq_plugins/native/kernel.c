@@ -329,6 +329,11 @@ typedef struct {
     const float *scales;  /* (out) */
     const float *bias;    /* (out) or NULL */
     int64_t out, in, width;
+    /* An int8 matrix's values in fp_int8_gemm_packed's layout, or NULL (then the plain kernel); its
+     * corrections and its scales and bias zero padded to a multiple of 8 rows (bias NULL when there is none). */
+    const int8_t *packed;
+    const int32_t *corrections;
+    const float *packed_scales, *packed_bias;
 } fp_matrix;
 
 typedef struct {
@@ -346,6 +351,13 @@ static void matrix_product(const fp_matrix *A, const float *x, int64_t M, float 
         return;
     }
     fp_quantize_rows(x, M, A->in, A->width, q, scales);
+#if defined(FP_VNNI)
+    if (A->packed) {
+        fp_int8_gemm_packed(q, scales, M, A->packed, A->packed_scales, A->corrections, A->out, A->width,
+                            A->packed_bias, y);
+        return;
+    }
+#endif
     fp_int8_gemm(q, scales, M, A->values, A->scales, A->out, A->width, A->bias, y);
 }
 
