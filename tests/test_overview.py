@@ -30,19 +30,37 @@ def results_dir(tmp_path):
         result("lossy", "a", 20.0, 30.0, 5.0),
         result("lossy", "b", 27.0, 30.0, 1.2, device_type="cuda"),  # none within 1 BLEU: the closest
     ]))
-    (directory / "fast_sweep.json").write_text(json.dumps([result("fast", "sweep", 34.0, 34.0, 9.0)]))
+    (directory / "fast_sweep.json").write_text(json.dumps([
+        result("fast", "sweep", 34.0, 34.0, 9.0, runs=(6.0, 9.0, 12.0)),  # the fastest, but its runs spread
+        result("fast", "sweep k=3", 33.2, 34.0, 2.5),
+        result("fast", "on a GPU", 33.9, 34.0, 4.0, device_type="cuda"),
+        result("lattice", "K=16", 30.0, 33.0, 15.0),   # -3.0: within the lattice's 3.5
+        result("lattice", "K=8", 29.0, 33.0, 20.0),    # -4.0: outside it
+    ]))
+    recompute = result("cnn", "length 400", 1.0, 1.0, 0.1, runs=(0.09, 0.1, 0.11))
+    recompute["generator"]["description"] = "greedy, no cache"  # the method side is the uncached reference
+    (directory / "cnn.json").write_text(json.dumps([recompute]))
     (directory / "summary.json").write_text(json.dumps({"method": "fast", "baseline": "a text", "rows": []}))
     return directory
 
 
-def test_each_method_shows_its_fastest_setting_that_keeps_bleu_from_its_headline_file(results_dir):
+def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_every_file(results_dir):
     from fairseq_plugins.bench.overview import bench_results
 
     results = bench_results([str(results_dir)])
-    chosen = {r["method"]: (name, r["label"], why) for name, r, why in best_per_method(results)}
-    # fast.json is the method's headline file: its sweep file's 9x does not count; k=8 loses 4 BLEU.
-    assert chosen["fast"] == ("fast.json", "k=4", "fastest within 1 BLEU of stock")
-    assert chosen["lossy"] == ("fast.json", "b", "none within 1 BLEU: closest in BLEU")
+    chosen = {(r["method"], r.get("device_type")): (name, r["label"], why) for name, r, why in best_per_method(results)}
+    # Sweeps count; k=8 loses 4 BLEU; the sweep's 9x is flagged (its runs spread), so the unflagged 2.5x wins.
+    assert chosen[("fast", "cpu")] == ("fast_sweep.json", "sweep k=3", "fastest within 1 BLEU of stock")
+    assert chosen[("fast", "cuda")] == ("fast_sweep.json", "on a GPU", "fastest within 1 BLEU of stock")
+    assert chosen[("lossy", "cpu")] == ("fast.json", "a", "none within 1 BLEU: closest in BLEU")
+    assert chosen[("lossy", "cuda")] == ("fast.json", "b", "none within 1 BLEU: closest in BLEU")
+    # A cached-against-recomputed bench is turned round: the cache is the method.
+    name, cnn, _ = next(row for row in best_per_method(results) if row[1]["method"] == "cnn")
+    assert cnn["label"] == "cached vs recomputed: length 400" and cnn["generator"]["description"] == "greedy"
+    assert (round(cnn["speed_ratio"], 2), round(cnn["speed_ratio_min"], 2), round(cnn["speed_ratio_max"], 2)) == \
+        (10.0, 9.09, 11.11)
+    # The lattice's own tolerance (its issue's target gap to beam 5).
+    assert chosen[("lattice", "cpu")] == ("fast_sweep.json", "K=16", "fastest within 3.5 BLEU of stock")
 
 
 def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tmp_path):
@@ -54,7 +72,8 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
     plugins_cli("report", results_dir, "--readme", readme, "--overview-plot", tmp_path / "overview.png")
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
-    assert "| fast | k=4 (greedy) | 33.50 (34.00) | -0.50 | 2.00x (2.00-2.00) | 1 | test CPU |" in text
+    assert "| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | 2.50x (2.50-2.50) | 1 | test CPU |" in text
+    assert "[fast_sweep.json](docs/results/gpu/fast_sweep.json)" in text  # the GPU row links the GPU results
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
     assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
 

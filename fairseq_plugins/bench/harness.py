@@ -101,7 +101,7 @@ def add_bench_parser(subparsers):
                                              "results table and the cross-method plot from them")
     r.add_argument("results", nargs="*",
                    help="bench JSON files or directories of them (default with --readme/--overview-plot: "
-                        "docs/results)")
+                        "docs/results and docs/results/gpu)")
     r.add_argument("--markdown", action="store_true", help="full Markdown table instead of the summary")
     r.add_argument("--readme", metavar="README", help="rewrite the block between the results markers of this file "
                                                       "with every method's best measured setting")
@@ -116,9 +116,10 @@ def run_report(args, argv):
     if args.check and not args.readme:
         raise InputError("--check goes with --readme")
     if args.readme or args.overview_plot:
-        from .overview import run_overview
+        from .overview import DEFAULT_RESULTS, run_overview
 
-        status = run_overview(args.results or ["docs/results"], args.readme, args.check, args.overview_plot)
+        status = run_overview(args.results or [p for p in DEFAULT_RESULTS if os.path.isdir(p)], args.readme,
+                              args.check, args.overview_plot)
         if status:
             raise SystemExit(status)
         return
