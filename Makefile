@@ -1,13 +1,21 @@
 # fairseq-plugins: `make demo` runs every landed method end to end; `make test` runs the test suite.
-# Both install what is missing into $(VENV) first. CPU-safe by construction: torch is pinned to the CPU
-# wheel unless a torch is already importable, and fairseq is installed without its dependencies (it asks for
-# torchaudio, which would pull a CUDA torch). A GPU user: `make install TORCH='torch==2.x'` or
+# Both install what is missing into $(VENV) first. `make install` checks the platform before it creates anything
+# (scripts/check_platform.py: Linux x86_64, glibc >= 2.28, CPython 3.11 or 3.12; ALLOW_UNSUPPORTED=1 goes on
+# anyway). torch is $(TORCH) unless a torch is already importable, from PyPI or from TORCH_INDEX: PyPI's Linux
+# x86_64 torch is the CUDA build, so a CPU-only machine elsewhere wants
+# `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` (empty by default: this project's machines reach
+# PyPI only, and resolve torch==2.13.0 to a CPU wheel there). fairseq is installed without its dependencies (it
+# asks for torchaudio, which would pull a CUDA torch). A GPU user: `make install TORCH='torch==2.x'` or
 # `make install VENV_ARGS=--system-site-packages` to reuse an installed CUDA torch.
 
 PYTHON    ?= python3
 VENV      ?= .venv
 VENV_ARGS ?=
 TORCH     ?= torch==2.13.0
+# An index for the torch install alone (pip --index-url), e.g. https://download.pytorch.org/whl/cpu; empty: PyPI.
+TORCH_INDEX ?=
+# 1: report an unsupported platform and install anyway.
+ALLOW_UNSUPPORTED ?=
 FAIRSEQ   ?= ve-fairseq==0.12.3
 DATA      ?=
 PYTEST_ARGS ?=
@@ -17,6 +25,7 @@ PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TES
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CHECK_PLATFORM = scripts/check_platform.py $(if $(filter-out 0,$(ALLOW_UNSUPPORTED)),--allow-unsupported)
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install test test-fast demo baseline gpu-check gpu-dry-run clean help
@@ -24,18 +33,23 @@ help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
 	@echo "make test-fast  the tests that train no model (pytest -m 'not slow'; minutes)"
-	@echo "make install create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and this package"
+	@echo "make install check the platform, then create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and"
+	@echo "             this package (TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU torch; README, Installing)"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 	@echo "make gpu-check STAGE=env|baseline|train|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 
 install: $(STAMP)
 
-$(STAMP): setup.py Makefile
+$(STAMP): setup.py Makefile scripts/check_platform.py
+	@if test -x $(BIN)/python; then $(BIN)/python $(CHECK_PLATFORM) --venv $(VENV) --python-name $(BIN)/python; \
+	 elif command -v $(PYTHON) >/dev/null; then $(PYTHON) $(CHECK_PLATFORM) --python-name $(PYTHON); \
+	 else echo "make install: $(PYTHON) not found; install CPython 3.11 or 3.12, then make install" \
+	   "PYTHON=python3.11" >&2; exit 1; fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null \
 	  && echo "torch already present: $$($(BIN)/python -c 'import torch; print(torch.__version__)')" \
-	  || $(BIN)/python -m pip install -q "$(TORCH)"
+	  || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH)"
 	@$(BIN)/python -c "import fairseq" 2>/dev/null || $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)"
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@! $(BIN)/python -m pip show -q torchaudio 2>/dev/null || { echo "torchaudio must not be installed"; exit 1; }

@@ -18,12 +18,14 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="MIT",
-    # The platforms of the ve-fairseq 0.12.3 wheels (cp311, cp312; manylinux_2_28_x86_64).
+    # The platforms of the ve-fairseq 0.12.3 wheels (cp311, cp312; manylinux_2_28_x86_64), checked by
+    # scripts/check_platform.py before `make install` creates anything (tests/test_install.py keeps the two agreeing).
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
     package_data={"fairseq_plugins.native": ["kernel.c"]},  # compiled at first use (native/__init__.py)
     # torch and fairseq are deliberately absent: pip would pull a CUDA torch and torchaudio for them.
-    # The Makefile installs torch==2.13.0 (CPU) and ve-fairseq==0.12.3 --no-deps, then these.
+    # The Makefile installs torch==2.13.0 (from TORCH_INDEX when set: PyPI's Linux build is the CUDA one) and
+    # ve-fairseq==0.12.3 --no-deps, then these.
     install_requires=[
         "hydra-core>=1.3.2,<1.4",
         "omegaconf>=2.3,<2.4",
