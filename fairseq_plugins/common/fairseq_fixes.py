@@ -98,3 +98,49 @@ def _log_kept_once(sentences: int) -> None:
     _kept_batch_logged = True
     logger.info("kept the last partial batch of %d sentences that fairseq drops (fairseq issue 5036); "
                 "%s=1 drops it as fairseq does", sentences, DROP_LAST_PARTIAL_BATCH_ENV)
+
+
+def switch_task_in_overrides() -> None:
+    """``from_pretrained(..., task="fast_step_translation", fast_step=True)`` (fairseq's hub interface, whose
+    keyword arguments become ``arg_overrides``) keeps the checkpoint's own task: ``overwrite_args_by_name`` sets
+    only keys a config already has, so a task named there, and the flags of that task, are silently dropped:
+    a checkpoint trained with ``--task translation`` (the baseline, rnn_fc, bytenet) asked for
+    ``fast_step_translation`` or ``rnn_fc_translation`` decodes with the stock generator.
+    Where the overrides name another registered task, rebuild ``cfg.task`` as that task's config
+    first (the checkpoint's values of the keys the two share kept), as ``--task`` does on the command line;
+    the other overrides then reach its flags. fairseq-generate and -interactive build their task from the
+    command line and pass no ``task`` override, so they are unchanged.
+    """
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.overwrite_args_by_name
+    if getattr(original, "switches_task", False):
+        return
+
+    @functools.wraps(original)
+    def overwrite_args_by_name(cfg, overrides):
+        name = overrides.get("task") if isinstance(overrides, dict) else None
+        task_cfg = cfg.get("task", None) if hasattr(cfg, "get") else None
+        if isinstance(name, str) and task_cfg is not None and hasattr(task_cfg, "keys") \
+                and task_cfg.get("_name", None) != name:
+            _switch_task(cfg, name)
+        return original(cfg, overrides)
+
+    overwrite_args_by_name.switches_task = True
+    checkpoint_utils.overwrite_args_by_name = overwrite_args_by_name
+
+
+def _switch_task(cfg, name: str) -> None:
+    import copy
+
+    from fairseq.dataclass.utils import merge_with_parent
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+    from omegaconf import open_dict
+
+    if name not in TASK_DATACLASS_REGISTRY:
+        raise ValueError(f"task={name!r}: no such fairseq task (a plugin task needs user_dir=, or "
+                         "`import fairseq_plugins` first)")
+    task_cfg = merge_with_parent(TASK_DATACLASS_REGISTRY[name](), copy.deepcopy(cfg.task), remove_missing=True)
+    with open_dict(cfg):
+        cfg.task = task_cfg
+        cfg.task._name = name
