@@ -1,13 +1,18 @@
-# Shell helpers shared by the recipes in examples/ (sourced; defines functions only).
+# Shell helpers shared by the recipes in examples/ (sourced; defines functions, and the two parameters below).
+#   SRC, TGT       the source and target language suffixes of the corpus (environment; default en and de,
+#                  Multi30k's en->de): the raw files RAW/<split>.$SRC and .$TGT, and every -s/-t,
+#                  --source-lang/--target-lang and file name (tok/train.$SRC, raw/test.$TGT, ...) of the recipes
+#   check_langs DATA
+#                  stops (exit 2) unless the prepared data in DATA (its prepare.json) is $SRC -> $TGT
 #   use_baseline_data BASE WORK
 #                  for recipes built on examples/baseline's work dir BASE: sets USER_DIR, DATA (BASE/data) and
-#                  COMMANDS (WORK/commands.txt), creates WORK, stops unless DATA holds prepared data
+#                  COMMANDS (WORK/commands.txt), creates WORK, stops unless DATA holds prepared $SRC -> $TGT data
 #   epochs SYSTEM  $EPOCHS_<system> (dashes as underscores) if set, else $EPOCHS
 #   record CMD...  run CMD and append it (once) to $COMMANDS, the provenance bench reads with --provenance
 #   stage NAME     true when NAME is one of the words of $STAGES
 #   distill_training_set BASE OUT [fairseq-generate flags...]
 #                  sequence-level distillation from examples/baseline's model (work dir BASE): it translates
-#                  its training source at beam 5; OUT/tok/train.{en,de} is the distilled pair (pieces),
+#                  its training source at beam 5; OUT/tok/train.{$SRC,$TGT} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
 #                  when OUT/bin is there; uses $USER_DIR and record.
 #   average_last_epochs DIR N OUT
@@ -19,12 +24,25 @@
 #   distill_beam5 BASE
 #                  builds it (distill_training_set with the shared flags) unless it is there
 
+SRC=${SRC:-en}
+TGT=${TGT:-de}
+
+check_langs() {
+  local langs
+  langs=$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print(m["source_lang"], m["target_lang"])' \
+    "$1/prepare.json") || { echo "$1/prepare.json: unreadable" >&2; exit 2; }
+  [[ $langs == "$SRC $TGT" ]] || {
+    echo "$1 holds ${langs/ /->} data, not $SRC->$TGT: set SRC=${langs% *} TGT=${langs#* } (or prepare it anew)" >&2
+    exit 2; }
+}
+
 use_baseline_data() {
   USER_DIR=$(fairseq-plugins user-dir)
   DATA=$1/data
   COMMANDS=$2/commands.txt
   mkdir -p "$2"
   [[ -f $DATA/prepare.json ]] || { echo "no prepared data in $DATA: run examples/baseline/run.sh first" >&2; exit 2; }
+  check_langs "$DATA"
 }
 epochs() { local var="EPOCHS_${1//-/_}"; echo "${!var:-$EPOCHS}"; }
 
@@ -39,23 +57,23 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 distill_training_set() {
   local base=$1 out=$2
   shift 2
-  [[ -f $out/bin/train.en-de.de.bin ]] && return 0
+  [[ -f $out/bin/train.$SRC-$TGT.$TGT.bin ]] && return 0
   mkdir -p "$out/tok"
   if [[ ! -f $out/generate.train.out ]]; then
     record fairseq-generate "$base/data/bin" --user-dir "$USER_DIR" --path "$base/checkpoints/checkpoint_best.pt" \
-      --source-lang en --target-lang de --gen-subset train --beam 5 --batch-size 128 "$@" \
+      --source-lang "$SRC" --target-lang "$TGT" --gen-subset train --beam 5 --batch-size 128 "$@" \
       > "$out/generate.train.out.tmp"
     mv "$out/generate.train.out.tmp" "$out/generate.train.out"
   fi
   # H lines are SentencePiece pieces (no --bpe given); put them back in corpus order.
   fairseq-plugins detok "$base/data" --from-generate --keep-pieces --input "$out/generate.train.out" \
-    > "$out/tok/train.de.tmp"
-  [[ $(wc -l < "$out/tok/train.de.tmp") == $(wc -l < "$base/data/tok/train.en") ]] || {
+    > "$out/tok/train.$TGT.tmp"
+  [[ $(wc -l < "$out/tok/train.$TGT.tmp") == $(wc -l < "$base/data/tok/train.$SRC") ]] || {
     echo "$out/generate.train.out: not one hypothesis per training sentence" >&2; exit 1; }
-  mv "$out/tok/train.de.tmp" "$out/tok/train.de"
-  cp "$base/data/tok/train.en" "$out/tok/train.en"
-  record fairseq-preprocess --source-lang en --target-lang de --trainpref "$out/tok/train" \
-    --srcdict "$base/data/bin/dict.en.txt" --tgtdict "$base/data/bin/dict.de.txt" \
+  mv "$out/tok/train.$TGT.tmp" "$out/tok/train.$TGT"
+  cp "$base/data/tok/train.$SRC" "$out/tok/train.$SRC"
+  record fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$out/tok/train" \
+    --srcdict "$base/data/bin/dict.$SRC.txt" --tgtdict "$base/data/bin/dict.$TGT.txt" \
     --destdir "$out/bin.tmp" --workers 2
   for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
   rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"

@@ -9,7 +9,7 @@ case $1 in
     if (( SYNTHETIC )); then VOCAB=100; else VOCAB=4000; fi
     say "prepare $RAW (joint SentencePiece, $VOCAB pieces)"
     rm -rf "$WORK/data"
-    fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size "$VOCAB" --workers 1 \
+    fairseq-plugins prepare "$RAW" "$WORK/data" -s "$SRC" -t "$TGT" --vocab-size "$VOCAB" --workers 1 \
       2> "$WORK/prepare.log" || { tail -5 "$WORK/prepare.log" >&2; exit 1; }
     ;;
   train)
@@ -25,8 +25,8 @@ case $1 in
     fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$BASELINE_CKPT" --gen-subset test \
       --beam 5 --batch-size 64 > "$WORK/baseline/generate.out.tmp" 2> "$WORK/baseline/generate.log"
     mv "$WORK/baseline/generate.out.tmp" "$WORK/baseline/generate.out"
-    fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/baseline/generate.out" > "$WORK/baseline/hyp.de"
-    say "baseline: sacreBLEU $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/baseline/hyp.de" -b $( (( SYNTHETIC )) && echo --force)) (whole test set, beam 5)"
+    fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/baseline/generate.out" > "$WORK/baseline/hyp.$TGT"
+    say "baseline: sacreBLEU $(sacrebleu "$WORK/data/raw/test.$TGT" -i "$WORK/baseline/hyp.$TGT" -b $( (( SYNTHETIC )) && echo --force)) (whole test set, beam 5)"
     ;;
   bench)
     bench 1-baseline --method baseline --path "$BASELINE_CKPT" --beam 1 --label "stock vs stock (calibration)" \

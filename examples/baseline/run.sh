@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The baseline every method is compared with: fairseq's stock transformer (3+3 layers, 256-d, shared
-# embeddings; preset baseline_transformer_multi30k) on Multi30k en->de with a joint 8k SentencePiece.
+# embeddings; preset baseline_transformer_multi30k) on Multi30k en->de (or SRC->TGT) with a joint 8k SentencePiece.
 # ~4 min an epoch on 2 CPU cores, 20 epochs. Re-running skips finished stages (fairseq-train resumes from
 # checkpoint_last.pt and stops at once when --max-epoch is reached).
 #
 # Usage: examples/baseline/run.sh [MULTI30K_DIR] [WORK_DIR]
-#   env: EPOCHS (20), STAGES ("prepare train evaluate bench"), BENCH_JSON (docs/results/baseline.json),
+#   MULTI30K_DIR holds train, valid and test text as <split>.$SRC and <split>.$TGT (Multi30k's names train, val,
+#   test_2016_flickr, or train, valid|dev, test: see fairseq-plugins prepare).
+#   env: SRC (en), TGT (de): the language suffixes, VOCAB (8000: pieces of the joint SentencePiece model),
+#        EPOCHS (20), STAGES ("prepare train evaluate bench"), RESULTS (WORK_DIR/results; RESULTS=docs/results
+#        writes the repository's figures), BENCH_JSON (RESULTS/baseline.json),
 #        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3),
 #        TRAIN_FLAGS (extra fairseq-train flags, e.g. --fp16 on a GPU; none by default),
 #        RANKS (1): train with this many CPU processes of one thread each (fairseq DDP over gloo), each on
@@ -15,18 +19,20 @@ RAW=${1:-../shared/data/multi30k}
 WORK=${2:-work/baseline}
 EPOCHS=${EPOCHS:-20}
 STAGES=${STAGES:-prepare train evaluate bench}
-BENCH_JSON=${BENCH_JSON:-docs/results/baseline.json}
+RESULTS=${RESULTS:-$WORK/results}
+BENCH_JSON=${BENCH_JSON:-$RESULTS/baseline.json}
 USER_DIR=$(fairseq-plugins user-dir)
 CKPT=$WORK/checkpoints/checkpoint_best.pt
 COMMANDS=$WORK/commands.txt
 mkdir -p "$WORK"
 
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
 
 if stage prepare && [[ ! -f $WORK/data/prepare.json ]]; then
-  record fairseq-plugins prepare "$RAW" "$WORK/data" -s en -t de --vocab-size 8000 --workers 2
+  record fairseq-plugins prepare "$RAW" "$WORK/data" -s "$SRC" -t "$TGT" --vocab-size "${VOCAB:-8000}" --workers 2
 fi
+if [[ -f $WORK/data/prepare.json ]]; then check_langs "$WORK/data"; fi
 
 RANKS=${RANKS:-1}
 train() {  # fairseq-train with the given flags, on RANKS one-thread processes (DDP) when RANKS > 1
@@ -46,7 +52,7 @@ train() {  # fairseq-train with the given flags, on RANKS one-thread processes (
 
 if stage train; then
   train "$WORK/data/bin" --user-dir "$USER_DIR" \
-    --task translation --source-lang en --target-lang de \
+    --task translation --source-lang "$SRC" --target-lang "$TGT" \
     --arch baseline_transformer_multi30k \
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
     --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
@@ -60,16 +66,17 @@ if stage evaluate; then
   # Plain fairseq-generate + sacrebleu, the way a user would score it.
   for beam in 5 1; do
     record fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$CKPT" \
-      --source-lang en --target-lang de --gen-subset test --beam "$beam" --batch-size 64 \
+      --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam "$beam" --batch-size 64 \
       > "$WORK/generate.beam$beam.out"
     fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/generate.beam$beam.out" \
-      > "$WORK/hyp.beam$beam.de"
-    echo "beam $beam: $(sacrebleu "$WORK/data/raw/test.de" -i "$WORK/hyp.beam$beam.de" -b)"
+      > "$WORK/hyp.beam$beam.$TGT"
+    echo "beam $beam: $(sacrebleu "$WORK/data/raw/test.$TGT" -i "$WORK/hyp.beam$beam.$TGT" -b)"
   done
 fi
 
 if stage bench; then
-  # The figures in docs/results: one thread, one sentence at a time, beam 5 and greedy.
+  # The figures of docs/results (RESULTS=docs/results): one thread, one sentence at a time, beam 5 and greedy.
+  mkdir -p "$(dirname "$BENCH_JSON")"
   rm -f "$BENCH_JSON.tmp"
   for beam in 5 1; do
     fairseq-plugins bench --method baseline --path "$CKPT" --data "$WORK/data" --split test \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Blockwise parallel decoding (Stern et al. 2018) on Multi30k en->de, on top of the baseline transformer.
+# Blockwise parallel decoding (Stern et al. 2018) on Multi30k en->de (or SRC->TGT), on top of the baseline transformer.
 #
 #   distill : the baseline greedy-decodes the training set (self-distillation: with exact acceptance the heads
 #             must predict greedy decoding's next tokens), and, for the paper's distilled variants, beam-decodes
@@ -15,18 +15,20 @@
 #   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #   fast    : the same on the fast decoder step (--fast-step), float32 and int8, batch 1, k in FAST_BLOCK_SIZES
-#             (2 4 6), the whole test set (FAST_LIMIT): RESULTS_fast_step.json
+#             (2 4 6), the whole test set (FAST_LIMIT): blockwise_fast_step.json (BENCH_JSON's name + _fast_step)
 #
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
-#   env: STAGES ("distill train evaluate bench fast"), VARIANTS ("self"), K (heads per model, 10),
+#   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
+#        STAGES ("distill train evaluate bench fast"), VARIANTS ("self"), K (heads per model, 10),
 #        HEAD_VOCAB (2000: heads 2..k train with --blockwise-proposal-vocab and every decode here proposes with
 #        --block-proposal-vocab over that many tokens; 0: the whole vocabulary),
 #        LAYOUT (separate|joint, the heads' --blockwise-head-layout: separate), FFN_DIM (hidden units per
 #        head; default the base's d_ff, the paper's size), LOSS (mean|sample, --blockwise-loss),
 #        EPOCHS (frozen variants' cap, 40), PATIENCE (3), MINUTES (wall-clock cap of every variant, none),
 #        FINETUNE_UPDATES (200), BLOCK_SIZES ("1 2 4 6 8 10", capped at K),
-#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), BENCH_JSON (docs/results/blockwise.json),
+#        BENCH_LIMIT (0 = whole test set), BENCH_RUNS (3), RESULTS (WORK/results; RESULTS=docs/results writes
+#        the repository's figures), BENCH_JSON (RESULTS/blockwise.json: the other results beside it, named after it),
 #        BEST_VARIANT (self: the speed benches' model), BEST_K (default: the fastest k >= 2 of the sweep),
 #        SWEEP_LIMIT (200 sentences), SKIP_SWEEP (1: keep the existing sweep), DEVICE (cpu), THREADS (1),
 #        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), TEACHER_WEIGHT (1.0: the KL term to the
@@ -47,7 +49,8 @@ LOSS=${LOSS:-mean}
 HEAD_VOCAB=${HEAD_VOCAB:-2000}
 # (an `if`, not `&&`: a false last test would make the substitution fail and set -e end the script silently)
 BLOCK_SIZES=$(for k in ${BLOCK_SIZES:-1 2 4 6 8 10}; do if (( k <= K )); then echo "$k"; fi; done)
-BENCH_JSON=${BENCH_JSON:-docs/results/blockwise.json}
+RESULTS=${RESULTS:-$WORK/results}
+BENCH_JSON=${BENCH_JSON:-$RESULTS/blockwise.json}
 USER_DIR=$(fairseq-plugins user-dir)
 BASE_CKPT=$BASE/checkpoints/checkpoint_best.pt
 COMMANDS=$WORK/commands.txt
@@ -55,7 +58,8 @@ mkdir -p "$WORK"
 [[ -f $BASE_CKPT ]] || { echo "no baseline checkpoint at $BASE_CKPT: run examples/baseline/run.sh first" >&2; exit 2; }
 
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
+if [[ -f $BASE/data/prepare.json ]]; then check_langs "$BASE/data"; fi
 
 # ---- self-distillation (greedy) and sequence-level distillation (beam 5) ---------------------------------
 SELF_DISTILL=$WORK/self_distill
@@ -103,7 +107,7 @@ if stage train; then
     mkdir -p "$WORK/$variant"
     # shellcheck disable=SC2046  # word splitting of the variant's flags is intended
     record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \
-      --task blockwise_translation --source-lang en --target-lang de \
+      --task blockwise_translation --source-lang "$SRC" --target-lang "$TGT" \
       --arch blockwise_transformer_multi30k --blockwise-heads "$K" --blockwise-head-layout "$LAYOUT" \
       ${FFN_DIM:+--blockwise-ffn-dim "$FFN_DIM"} \
       --criterion blockwise_label_smoothed_cross_entropy --blockwise-loss "$LOSS" --label-smoothing 0.1 \
@@ -117,7 +121,8 @@ if stage train; then
 fi
 
 # ---- benchmarks: every figure is fairseq-plugins bench (blockwise vs stock greedy, same model, same run) ----
-RESULTS=${BENCH_JSON%.json}
+PREFIX=${BENCH_JSON%.json}  # every result file is PREFIX.json or PREFIX_<what>.json
+mkdir -p "$(dirname "$PREFIX")"
 bench_cell() {  # json label variant block-size batch-size runs limit [extra generator flags]
   local json=$1 label=$2 variant=$3 block=$4 batch=$5 runs=$6 limit=$7
   shift 7
@@ -130,12 +135,12 @@ bench_cell() {  # json label variant block-size batch-size runs limit [extra gen
 }
 
 if stage evaluate; then
-  rm -f "${RESULTS}_table1.json"
+  rm -f "${PREFIX}_table1.json"
   # Paper Table 1: BLEU and mean accepted block size per variant and block size (batched; speed is not the
   # point of this table, see the bench stage). Block sizes below K use the first heads of the K-head model.
   for variant in $VARIANTS; do
     for block in $BLOCK_SIZES; do
-      bench_cell "${RESULTS}_table1.json" "$variant k=$block" "$variant" "$block" 64 1 "${BENCH_LIMIT:-0}"
+      bench_cell "${PREFIX}_table1.json" "$variant k=$block" "$variant" "$block" 64 1 "${BENCH_LIMIT:-0}"
     done
   done
 fi
@@ -144,42 +149,42 @@ if stage bench; then
   BEST=${BEST_VARIANT:-self}
   # Speedup against k (paper Fig. 4): one thread, batch 1, on a subset (SKIP_SWEEP=1 keeps an earlier sweep).
   if [[ ${SKIP_SWEEP:-0} != 1 ]]; then
-    rm -f "${RESULTS}_speed_vs_k.json"
+    rm -f "${PREFIX}_speed_vs_k.json"
     for block in $BLOCK_SIZES; do
-      bench_cell "${RESULTS}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 3 "${SWEEP_LIMIT:-200}"
+      bench_cell "${PREFIX}_speed_vs_k.json" "$BEST k=$block" "$BEST" "$block" 1 3 "${SWEEP_LIMIT:-200}"
     done
   fi
   # The fastest k >= 2 of that sweep (k = 1 is greedy decoding), unless BEST_K is given.
-  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max((r for r in L(sys.argv[1]) if r["stats"]["block_size"] > 1), key=lambda r: r["speed_ratio"]); print(r["stats"]["block_size"])' "${RESULTS}_speed_vs_k.json")}
+  BEST_K=${BEST_K:-$(python -c 'import sys; from fairseq_plugins.bench.report import load_results as L; r = max((r for r in L(sys.argv[1]) if r["stats"]["block_size"] > 1), key=lambda r: r["speed_ratio"]); print(r["stats"]["block_size"])' "${PREFIX}_speed_vs_k.json")}
   # Wall-clock speedup over stock greedy: one thread, batch 1 and batch 32, the best setting.
-  rm -f "${RESULTS}.json"
+  rm -f "${PREFIX}.json"
   for batch in 1 32; do
-    bench_cell "${RESULTS}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
+    bench_cell "${PREFIX}.json" "$BEST k=$BEST_K batch $batch" "$BEST" "$BEST_K" "$batch" "${BENCH_RUNS:-3}" \
       "${BENCH_LIMIT:-0}"
   done
   # Approximate acceptance and minimum block size, side by side with exact (batched).
-  rm -f "${RESULTS}_acceptance.json"
+  rm -f "${PREFIX}_acceptance.json"
   settings=("--block-acceptance exact" "--block-acceptance topk --block-topk 2"
             "--block-acceptance distance --block-distance 1.0")
   for min_block in 2 3; do (( min_block <= BEST_K )) && settings+=("--min-block-size $min_block"); done
   for flags in "${settings[@]}"; do
     # shellcheck disable=SC2086  # the flags are words
-    bench_cell "${RESULTS}_acceptance.json" "$BEST k=$BEST_K ${flags//--/}" "$BEST" "$BEST_K" 64 1 \
+    bench_cell "${PREFIX}_acceptance.json" "$BEST k=$BEST_K ${flags//--/}" "$BEST" "$BEST_K" 64 1 \
       "${BENCH_LIMIT:-0}" $flags
   done
   # Cheaper calls at batch 1: an adaptive block size (at the largest k, where it has most to cut) and
   # proposals among the most frequent tokens only, against the fixed block of the same k.
-  rm -f "${RESULTS}_call_cost.json"
+  rm -f "${PREFIX}_call_cost.json"
   settings=("--block-proposal-vocab 0" "--block-proposal-vocab ${PROPOSAL_VOCAB:-2000}")
   for threshold in ${THRESHOLDS:-0.3 0.6}; do settings+=("--block-adaptive-threshold $threshold"); done
   for block in $(printf '%s\n' "$BEST_K" "$K" | sort -un); do
     for flags in "${settings[@]}"; do
       # shellcheck disable=SC2086  # the flags are words
-      bench_cell "${RESULTS}_call_cost.json" "$BEST k=$block${flags:+ ${flags//--/}}" "$BEST" "$block" 1 \
+      bench_cell "${PREFIX}_call_cost.json" "$BEST k=$block${flags:+ ${flags//--/}}" "$BEST" "$block" 1 \
         "${BENCH_RUNS:-3}" "${SWEEP_LIMIT:-200}" $flags
     done
   done
-  python "$(dirname "$0")/plots.py" "$RESULTS"
+  python "$(dirname "$0")/plots.py" "$PREFIX"
 fi
 
 # ---- the same decoding on the fast decoder step (docs/fast-step.md): one kernel pass a layer for a block ----
@@ -187,11 +192,11 @@ if stage fast; then
   # Batch 1, one thread, against stock greedy on the same base in the same run: float32 (exact: greedy's
   # outputs) and int8, proposals among the HEAD_VOCAB most frequent tokens. The moonshot of the fast-step
   # issue compares the int8 rows' speed ratio with CTranslate2's (examples/fast_step, STAGES=ctranslate2).
-  rm -f "${RESULTS}_fast_step.json"
+  rm -f "${PREFIX}_fast_step.json"
   for precision in fp32 int8; do
     for block in ${FAST_BLOCK_SIZES:-2 4 6}; do
       (( block <= K )) || continue
-      bench_cell "${RESULTS}_fast_step.json" "${BEST_VARIANT:-self} k=$block fast step $precision" \
+      bench_cell "${PREFIX}_fast_step.json" "${BEST_VARIANT:-self} k=$block fast step $precision" \
         "${BEST_VARIANT:-self}" "$block" 1 "${BENCH_RUNS:-3}" "${FAST_LIMIT:-0}" --fast-step \
         --fast-step-precision "$precision"
     done

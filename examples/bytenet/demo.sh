@@ -8,7 +8,7 @@ case $1 in
   train)
     say "bytenet: character data and a small ByteNet (about 2 minutes of training)"
     rm -rf "$WORK/bytenet-data"
-    fairseq-plugins prepare --char "$RAW" "$WORK/bytenet-data" -s en -t de --train-limit 10000 --workers 1 \
+    fairseq-plugins prepare --char "$RAW" "$WORK/bytenet-data" -s "$SRC" -t "$TGT" --train-limit 10000 --workers 1 \
       2> "$WORK/bytenet-prepare.log" || { tail -5 "$WORK/bytenet-prepare.log" >&2; exit 1; }
     TRAIN_DATA=$WORK/bytenet-data/bin train bytenet --task translation --arch bytenet_multi30k_char \
       --decoder-blocks 5 --encoder-blocks 5 --encoder-embed-dim 128 --decoder-embed-dim 128 \

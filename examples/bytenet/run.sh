@@ -2,27 +2,30 @@
 # ByteNet (Kalchbrenner et al. 2016) on real data, against stock fairseq transformers of the same size
 # trained for the same wall-clock time (the two run side by side, one thread each).
 #
-#   prepare  : character-level Multi30k en->de (fairseq-plugins prepare --char) and Tiny Shakespeare
+#   prepare  : character-level Multi30k en->de (SRC->TGT; fairseq-plugins prepare --char) and Tiny Shakespeare
 #              (fairseq-plugins prepare-lm)
 #   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
 #              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each
 #   average  : each trained system's last AVERAGE (5) epoch checkpoints averaged into checkpoint_avg.pt, which
 #              every later stage uses
-#   evaluate-mt: BLEU on test_2016_flickr, beam 12 and greedy, no length normalisation (--lenpen 0, the
-#              paper's setting) for both systems
+#   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
+#              normalisation (--lenpen 0, the paper's setting) for both systems
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
-#              (--bytenet-decoding recompute), docs/results/bytenet_length.json; both MT systems' speed with the
-#              stock generator on test_2016_flickr, docs/results/bytenet_speed.json
-#   saliency : the paper's Fig. 6 for the first test pair, docs/results/bytenet_saliency.{png,json}
-#   summary  : docs/results/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
+#              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; both MT systems' speed with the
+#              stock generator on the test split, RESULTS/bytenet_speed.json
+#   saliency : the paper's Fig. 6 for the first test pair, RESULTS/bytenet_saliency.{png,json}
+#   summary  : RESULTS/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
 # Usage: examples/bytenet/run.sh [MULTI30K_DIR] [SHAKESPEARE_DIR] [WORK]
-#   env: STAGES ("prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary"),
+#   MULTI30K_DIR holds train, valid and test text as <split>.$SRC and <split>.$TGT (see fairseq-plugins prepare).
+#   env: SRC (en), TGT (de): the language suffixes,
+#        STAGES ("prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary"),
 #        MT_MINUTES (600), LM_MINUTES (600): wall-clock caps; every training stops earlier at a plateau of
 #        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
-#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (docs/results),
+#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
+#        writes the repository's figures),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm transformer-lm nanogpt-lm": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
@@ -40,27 +43,28 @@ DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-1}
 EVAL_THREADS=${EVAL_THREADS:-2}
 BENCH_LIMIT=${BENCH_LIMIT:-200}
-RESULTS=${RESULTS:-docs/results}
+RESULTS=${RESULTS:-$WORK/results}
 USER_DIR=$(fairseq-plugins user-dir)
 COMMANDS=$WORK/commands.txt
-mkdir -p "$WORK"
+mkdir -p "$WORK" "$RESULTS"
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
 hours() { python -c "print($1 / 60)"; }
 CPU_FLAG=$([[ $DEVICE == cpu ]] && echo --cpu || true)
 
 if stage prepare; then
-  [[ -f $WORK/mt-data/prepare.json ]] || record fairseq-plugins prepare --char "$MULTI30K" "$WORK/mt-data" -s en -t de
+  [[ -f $WORK/mt-data/prepare.json ]] || record fairseq-plugins prepare --char "$MULTI30K" "$WORK/mt-data" -s "$SRC" -t "$TGT"
   [[ -f $WORK/lm-data/prepare.json ]] || record fairseq-plugins prepare-lm \
     "$SHAKESPEARE/train.txt" "$SHAKESPEARE/valid.txt" "$WORK/lm-data"
 fi
+if [[ -f $WORK/mt-data/prepare.json ]]; then check_langs "$WORK/mt-data"; fi
 
 # Every system gets the same optimiser, schedule, dropout (but nanoGPT's own 0.2), wall-clock cap and plateau
 # rule (validation loss, checked once an epoch); the last AVERAGE epoch checkpoints are kept for averaging.
 COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 1.0
   --lr 1e-3 --lr-scheduler inverse_sqrt --dropout 0.1 --seed 1 --num-workers 0
   --log-format simple --log-interval 50 --keep-last-epochs "$AVERAGE" --patience "$PATIENCE")
-MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang en --target-lang de
+MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang "$SRC" --target-lang "$TGT"
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --warmup-updates 1000
   --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
 # A transformer with the ByteNet's parameter count (5.95M vs 6.00M): 3+3 layers, d 256, FFN 1152.
@@ -156,8 +160,9 @@ if stage bench; then
 fi
 
 if stage saliency; then
+  # The first pair of the test split, from prepare's copy of it (Multi30k's test_2016_flickr).
   record fairseq-plugins saliency --path "$(final_checkpoint bytenet-mt)" --data "$WORK/mt-data" \
-    --source "$(head -n 1 "$MULTI30K/test_2016_flickr.en")" --target "$(head -n 1 "$MULTI30K/test_2016_flickr.de")" \
+    --source "$(head -n 1 "$WORK/mt-data/raw/test.$SRC")" --target "$(head -n 1 "$WORK/mt-data/raw/test.$TGT")" \
     --output "$RESULTS/bytenet_saliency.png" --json "$RESULTS/bytenet_saliency.json"
 fi
 

@@ -1,8 +1,10 @@
 """Collect examples/bytenet/run.sh's measurements into one JSON (and the time-against-length figure).
 
-Usage: python examples/bytenet/summarize.py WORK MULTI30K_DIR OUT.json
+Usage: python examples/bytenet/summarize.py WORK RAW_DIR OUT.json
 Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpoint_best.pt},
-WORK/commands.txt and the bench JSON docs/results/bytenet_length.json beside OUT.json.
+WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
+languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSON bytenet_length.json
+beside OUT.json.
 """
 
 import glob
@@ -16,6 +18,7 @@ import torch
 
 from fairseq_plugins.bench import report
 from fairseq_plugins.common.plots import pyplot, save_png
+from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 
@@ -121,8 +124,17 @@ def plot_length(summary: dict, path: str) -> None:
     save_png(fig, path, dpi=120)
 
 
-def main(work: str, multi30k: str, out: str) -> None:
-    references = read_lines(os.path.join(multi30k, "test_2016_flickr.de"))
+def test_split_references(work: str, raw_dir: str) -> (str, list):
+    """The test split's file stem in ``raw_dir`` and its target side, found as `fairseq-plugins prepare` found
+    them for WORK/mt-data (same languages, same split names: Multi30k's test_2016_flickr, else test)."""
+    with open(os.path.join(work, "mt-data", MANIFEST), encoding="utf-8") as f:
+        manifest = json.load(f)
+    prefix = find_split_prefixes(raw_dir, manifest["source_lang"], manifest["target_lang"], {})["test"]
+    return os.path.basename(prefix), read_lines(f"{prefix}.{manifest['target_lang']}")
+
+
+def main(work: str, raw_dir: str, out: str) -> None:
+    test_name, references = test_split_references(work, raw_dir)
     result = {"translation": {}, "language_model": {}}
     for name in ("bytenet-mt", "transformer-mt"):
         system = {"parameters": parameters(f"{work}/{name}/checkpoints/checkpoint_best.pt"),
@@ -142,7 +154,7 @@ def main(work: str, multi30k: str, out: str) -> None:
     if result["length_scaling"]:
         plot_length(result["length_scaling"], os.path.join(results_dir, "bytenet_length.png"))
     result.update({
-        "bleu": "sacreBLEU on test_2016_flickr (detokenised characters, default signature)",
+        "bleu": f"sacreBLEU on {test_name} (detokenised characters, default signature)",
         "bits_per_character": "fairseq-eval-lm loss (base 2) on Tiny Shakespeare valid: one token per character, "
                               "newlines included; --tokens-per-sample 256 --context-window 192",
         "commands": read_lines(os.path.join(work, "commands.txt")),

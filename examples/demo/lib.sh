@@ -6,8 +6,11 @@
 #   model_note NAME      "N updates, M min on 1 core", as train recorded it (for the table's model column)
 #   bench NAME FLAGS...  fairseq-plugins bench, 1 thread, batch 1, 3 runs alternating per batch, the first
 #                        $BENCH_LIMIT test sentences, into $WORK/bench/NAME.json (the table's rows, in NAME order)
-# Environment (from run.sh): WORK, USER_DIR, DEMO_START, BENCH_LIMIT, SYNTHETIC, and for methods built on the
-# demo baseline BASELINE_CKPT and BASELINE_ARCH (its sizes, which a warm-started method must repeat).
+# Environment (from run.sh): WORK, USER_DIR, DEMO_START, BENCH_LIMIT, SYNTHETIC, SRC and TGT (the languages of
+# RAW, en and de unless set), and for methods built on the demo baseline BASELINE_CKPT and BASELINE_ARCH (its
+# sizes, which a warm-started method must repeat).
+SRC=${SRC:-en}
+TGT=${TGT:-de}
 
 say() {
   local seconds=$(( $(date +%s) - ${DEMO_START:-$(date +%s)} ))

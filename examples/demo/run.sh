@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: every landed method end to end on small models, then one table.
 #   fairseq-plugins prepare -> fairseq-train --user-dir -> fairseq-generate -> sacrebleu -> fairseq-plugins bench
-# Data: $DATA (Multi30k layout: train.en/.de, val.*, test_2016_flickr.*); else Multi30k downloaded from its
-# public GitHub location; else an embedded synthetic reordering corpus (figures then mean nothing).
+# Data: $DATA (Multi30k layout: train.en/.de, val.*, test_2016_flickr.*; or train, valid|dev, test); else Multi30k
+# downloaded from its public GitHub location; else an embedded synthetic reordering corpus (figures then mean
+# nothing). SRC and TGT (en, de) name the languages: the files' suffixes (Multi30k also has fr and cs).
 # The steps and what each needs are in examples/demo/steps.mk; make runs two at a time, one thread each, so
 # both cores work. Budget: 15 minutes on 2 CPU cores. Models are small and trained for minutes, warm-started
 # from the demo baseline where the method allows: the table shows each method against the stock fairseq
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export WORK=${WORK:-work/demo}
 export BENCH_LIMIT=${BENCH_LIMIT:-100}
+export SRC=${SRC:-en} TGT=${TGT:-de}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # every step is one process on one core; make runs two at a time
 export DEMO_START=${DEMO_START:-$(date +%s)}
 export USER_DIR
@@ -35,8 +37,13 @@ BANNER
 # ---- data ---------------------------------------------------------------------------------------------
 SYNTHETIC=0
 if [[ -n "${DATA:-}" ]]; then
-  for f in train val test_2016_flickr; do
-    for l in en de; do [[ -s "$DATA/$f.$l" ]] || { echo "DATA=$DATA: missing $DATA/$f.$l (Multi30k layout)" >&2; exit 2; }; done
+  # Each split under one of the names fairseq-plugins prepare looks for (Multi30k's first).
+  for stems in train "val valid dev" "test_2016_flickr test"; do
+    for l in "$SRC" "$TGT"; do
+      found=0
+      for f in $stems; do if [[ -s "$DATA/$f.$l" ]]; then found=1; break; fi; done
+      (( found )) || { echo "DATA=$DATA: missing $DATA/${stems// /.$l or }.$l (Multi30k layout)" >&2; exit 2; }
+    done
   done
   RAW=$DATA
   SOURCE="DATA=$(cd "$DATA" && pwd)"
@@ -49,7 +56,7 @@ else
   mkdir -p "$RAW"
   say "DATA not set: downloading Multi30k"
   for f in train val test_2016_flickr; do
-    for l in en de; do
+    for l in "$SRC" "$TGT"; do
       if ! curl -fsSL --max-time 30 "$MULTI30K_URL/$f.$l.gz" -o "$RAW/$f.$l.gz" 2>/dev/null \
          || ! gunzip -f "$RAW/$f.$l.gz"; then
         SYNTHETIC=1; break 2
@@ -59,7 +66,8 @@ else
   if (( SYNTHETIC )); then
     rm -rf "$RAW"
     RAW=$WORK/synthetic
-    python -c 'import sys; from fairseq_plugins.common.synthetic import write_corpus; write_corpus(sys.argv[1], "en", "de")' "$RAW"
+    python -c 'import sys; from fairseq_plugins.common.synthetic import write_corpus; write_corpus(*sys.argv[1:])' \
+      "$RAW" "$SRC" "$TGT"
     synthetic_banner
     SOURCE="synthetic=$RAW"
   else
@@ -68,6 +76,10 @@ else
 fi
 if [[ -f $WORK/data-source && $(cat "$WORK/data-source") != "$SOURCE" ]]; then
   echo "demo: $WORK was built from $(cat "$WORK/data-source"), not $SOURCE: remove $WORK or set WORK=another/dir" >&2
+  exit 2
+fi
+if [[ -f $WORK/data/prepare.json && $(data_langs) != "$SRC $TGT" ]]; then
+  echo "demo: $WORK holds $(data_langs | tr ' ' '-') data, not $SRC-$TGT: remove $WORK or set WORK=another/dir" >&2
   exit 2
 fi
 echo "$SOURCE" > "$WORK/data-source"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Double-token bidirectional decoding (Imamura & Sumita 2020) on Multi30k en->de: the paper's Table 2,
+# Double-token bidirectional decoding (Imamura & Sumita 2020) on Multi30k en->de (or SRC->TGT): the paper's Table 2,
 # Fig. 3 and Table 3 on our data.
 #
 #   train    : the five systems, same architecture (double_token_transformer_multi30k: the baseline's sizes,
@@ -24,11 +24,13 @@
 #
 # Usage: examples/double_token/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
-#   env: STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), AVERAGE (5: epoch
+#   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
+#        STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), AVERAGE (5: epoch
 #        checkpoints averaged), EPOCHS (40: a cap;
 #        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
-#        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench and fast stages), BEAMS_LIMIT (100), BENCH_RUNS (3), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench and fast stages), BEAMS_LIMIT (100), BENCH_RUNS (3),
+#        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures),
 #        FAST_PRECISIONS ("fp32 int8": the fast stage's --fast-step-precision),
 #        TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU), TRAIN_ON (raw: the references; distill: the
 #        baseline's beam-5 translations, DISTILL or distill/beam5 beside BASELINE_WORK, examples/lattice's distill
@@ -51,10 +53,11 @@ TRAIN_ON=${TRAIN_ON:-raw}
 INIT_WORK=${INIT_WORK:-}
 case $TRAIN_ON in raw|distill) ;; *) echo "TRAIN_ON=$TRAIN_ON: choose raw or distill" >&2; exit 2 ;; esac
 [[ -z $INIT_WORK || -d $INIT_WORK ]] || { echo "INIT_WORK=$INIT_WORK: no such directory" >&2; exit 2; }
-RESULTS=${RESULTS:-docs/results}
+RESULTS=${RESULTS:-$WORK/results}
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, use_baseline_data, epochs, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+mkdir -p "$RESULTS"
 
 system_flags() {  # the task flags of system ORDER-N
   local order=${1%-*} per_step=${1#*-}
@@ -84,7 +87,7 @@ if stage train; then
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the system's flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(system_flags "$system") \
-      --source-lang en --target-lang de --arch double_token_transformer_multi30k $(init_flags "$system") \
+      --source-lang "$SRC" --target-lang "$TGT" --arch double_token_transformer_multi30k $(init_flags "$system") \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
@@ -106,21 +109,21 @@ if stage evaluate; then
   mkdir -p "$WORK/baseline"
   # shellcheck disable=SC2086
   record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --path "$BASE/checkpoints/checkpoint_best.pt" \
-    --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS \
+    --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS \
     > "$WORK/baseline/generate.beam$BEAM.out"
   fairseq-plugins detok "$DATA" --from-generate --input "$WORK/baseline/generate.beam$BEAM.out" \
-    > "$WORK/baseline/hyp.beam$BEAM.de"
-  sacrebleu "$DATA/raw/test.de" -i "$WORK/baseline/hyp.beam$BEAM.de" -m bleu > "$WORK/baseline/bleu.beam$BEAM.json"
-  echo "stock baseline beam $BEAM: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/baseline/hyp.beam$BEAM.de" -m bleu -b)"
+    > "$WORK/baseline/hyp.beam$BEAM.$TGT"
+  sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/baseline/hyp.beam$BEAM.$TGT" -m bleu > "$WORK/baseline/bleu.beam$BEAM.json"
+  echo "stock baseline beam $BEAM: $(sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/baseline/hyp.beam$BEAM.$TGT" -m bleu -b)"
   for system in $SYSTEMS; do
     out=$WORK/$system/generate.beam$BEAM.out
     # shellcheck disable=SC2046,SC2086
     record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(system_flags "$system") --path "$(checkpoint "$system")" \
-      --source-lang en --target-lang de --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS > "$out.tmp"
+      --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam "$BEAM" --batch-size 64 $GEN_FLAGS > "$out.tmp"
     mv "$out.tmp" "$out"
-    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$WORK/$system/hyp.beam$BEAM.de"
-    sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.beam$BEAM.de" -m bleu > "$WORK/$system/bleu.beam$BEAM.json"
-    echo "$system beam $BEAM: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.beam$BEAM.de" -m bleu -b)"
+    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$WORK/$system/hyp.beam$BEAM.$TGT"
+    sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/$system/hyp.beam$BEAM.$TGT" -m bleu > "$WORK/$system/bleu.beam$BEAM.json"
+    echo "$system beam $BEAM: $(sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/$system/hyp.beam$BEAM.$TGT" -m bleu -b)"
   done
 fi
 
@@ -171,8 +174,8 @@ fi
 
 if stage ngram; then
   hyps=() labels=()
-  for system in $SYSTEMS; do hyps+=("$WORK/$system/hyp.beam$BEAM.de"); labels+=("$system"); done
-  fairseq-plugins ngram-precision --reference "$DATA/raw/test.de" --hypotheses "${hyps[@]}" --labels "${labels[@]}" \
+  for system in $SYSTEMS; do hyps+=("$WORK/$system/hyp.beam$BEAM.$TGT"); labels+=("$system"); done
+  fairseq-plugins ngram-precision --reference "$DATA/raw/test.$TGT" --hypotheses "${hyps[@]}" --labels "${labels[@]}" \
     --span 5 --orders 1 4 --json "$RESULTS/double_token_ngram.json"
 fi
 

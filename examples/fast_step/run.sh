@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The fast decoder step (docs/fast-step.md) on the trained baseline transformer, Multi30k test_2016: every
-# figure is `fairseq-plugins bench --method fast_step`, the fast step against fairseq's stock generator on
-# the same model, in the same run, one thread, alternating per batch.
+# The fast decoder step (docs/fast-step.md) on the trained baseline transformer, Multi30k test_2016 (or the test
+# split of BASELINE_WORK's SRC->TGT data): every figure is `fairseq-plugins bench --method fast_step`, the fast
+# step against fairseq's stock generator on the same model, in the same run, one thread, alternating per batch.
 #
 #   lists : candidate lists of the baseline's dictionaries (fairseq-plugins align --lexical-table on the
 #           training pieces, then fairseq-plugins shortlist: top TOP translations per source piece + the
@@ -20,30 +20,33 @@
 #
 # Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES ("lists exact fast batch devlin ctranslate2"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
+#   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
+#        STAGES ("lists exact fast batch devlin ctranslate2"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
 #        FAST_LIMIT (0: the whole test set), RUNS (3), BATCH (32), TOP (50), FREQUENT (2000),
-#        LIST (WORK/shortlist.TOP+FREQUENT.pt), RESULTS (docs/results), DEVICE (cpu), THREADS (1),
+#        LIST (WORK/shortlist.TOP+FREQUENT.pt), RESULTS (WORK/results; RESULTS=docs/results writes the
+#        repository's figures), DEVICE (cpu), THREADS (1),
 #        JOBS (1: the fast stage's settings one at a time; 2 on two idle cores)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/fast_step}
 STAGES=${STAGES:-lists exact fast batch devlin ctranslate2}
-RESULTS=${RESULTS:-docs/results}
+RESULTS=${RESULTS:-$WORK/results}
 TOP=${TOP:-50}
 FREQUENT=${FREQUENT:-2000}
 LIST=${LIST:-$WORK/shortlist.$TOP+$FREQUENT.pt}
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # use_baseline_data, record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, use_baseline_data, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+mkdir -p "$RESULTS"
 CHECKPOINT=$BASE/checkpoints/checkpoint_best.pt
 
 if stage lists && [[ ! -f $LIST ]]; then
-  if [[ ! -f $WORK/lex.en-de.txt ]]; then  # (the alignment of the training data: any list size reuses it)
-    record fairseq-plugins align --source "$DATA/tok/train.en" --target "$DATA/tok/train.de" \
-      --output "$WORK/train.align" --lexical-table "$WORK/lex.en-de.txt"
+  if [[ ! -f $WORK/lex.$SRC-$TGT.txt ]]; then  # (the alignment of the training data: any list size reuses it)
+    record fairseq-plugins align --source "$DATA/tok/train.$SRC" --target "$DATA/tok/train.$TGT" \
+      --output "$WORK/train.align" --lexical-table "$WORK/lex.$SRC-$TGT.txt"
   fi
-  record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
-    --top "$TOP" --frequent "$FREQUENT" --output "$LIST"
+  record fairseq-plugins shortlist --lexical-table "$WORK/lex.$SRC-$TGT.txt" --data-bin "$DATA/bin" \
+    -s "$SRC" -t "$TGT" --top "$TOP" --frequent "$FREQUENT" --output "$LIST"
 fi
 
 # Provenance: the baseline's commands, and those that made the lists (here, or where LIST was made).
@@ -109,7 +112,8 @@ fi
 
 if stage ctranslate2; then
   python -c "import ctranslate2" 2>/dev/null || pip install --no-deps ctranslate2==4.8.5
-  record ct2-fairseq-converter --model_path "$CHECKPOINT" --data_dir "$DATA/bin" --source_lang en --target_lang de \
+  record ct2-fairseq-converter --model_path "$CHECKPOINT" --data_dir "$DATA/bin" \
+    --source_lang "$SRC" --target_lang "$TGT" \
     --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
   record python "$(dirname "$0")/../rnn_fc/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" \
     --beam 1 --limit "${FAST_LIMIT:-0}" --runs "${RUNS:-3}" --provenance "${PROVENANCE[@]}" \

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU kit's dry run on the CPU (what CI runs, so that the kit cannot rot while no device is lent): every
-# stage of examples/gpu/run.sh with DEVICE=cpu on a tiny synthetic corpus in Multi30k's layout (en -> de),
-# 3 epochs for the baseline and one for each method, a few sentences per bench, then pack and unpack, checking that the parts put every
-# packed file back. Figures from it mean nothing; it checks that the stages run and fit together.
+# stage of examples/gpu/run.sh with DEVICE=cpu on a tiny synthetic corpus in Multi30k's layout (SRC -> TGT: en -> de
+# unless set), 3 epochs for the baseline and one for each method, a few sentences per bench, then pack and unpack,
+# checking that the parts put every packed file back. Figures from it mean nothing; it checks that the stages run
+# and fit together.
 #
 # Usage: examples/gpu/dry_run.sh [WORK]   (default work/gpu-dry; started over on every run)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export WORK=${1:-work/gpu-dry}
 export DEVICE=cpu RESULTS=$WORK/results OMP_NUM_THREADS=1
+export SRC=${SRC:-en} TGT=${TGT:-de}
 # The baseline long enough to write words (detok refuses output without word boundaries): 3 epochs of 9 updates
 # with the learning rate's warm-up shortened from the recipe's 1,000 updates (every training of the kit takes
 # TRAIN_FLAGS); the methods 1 epoch
@@ -20,8 +22,9 @@ export BENCH_FLAGS="--max-len-a 1.2 --max-len-b 10"
 rm -rf "$WORK"
 mkdir -p "$WORK/raw"
 python -c "import sys; from fairseq_plugins.common.synthetic import write_corpus
-write_corpus(sys.argv[1], 'en', 'de', sizes={'train': 1000, 'val': 40, 'test_2016_flickr': 16})" "$WORK/raw"
-fairseq-plugins prepare "$WORK/raw" "$WORK/baseline/data" -s en -t de --vocab-size 100 2> "$WORK/prepare.log"
+write_corpus(sys.argv[1], sys.argv[2], sys.argv[3], sizes={'train': 1000, 'val': 40, 'test_2016_flickr': 16})" \
+  "$WORK/raw" "$SRC" "$TGT"
+fairseq-plugins prepare "$WORK/raw" "$WORK/baseline/data" -s "$SRC" -t "$TGT" --vocab-size 100 2> "$WORK/prepare.log"
 
 for stage in env baseline train bench; do
   echo "== dry run: $stage ($(date +%T))"

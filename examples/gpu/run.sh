@@ -18,7 +18,8 @@
 #
 # Usage: examples/gpu/run.sh STAGE [ARGS]   (or make gpu-check STAGE=...; docs/gpu.md)
 #   env: DEVICE (cuda; cpu = the dry run CI does, examples/gpu/dry_run.sh), WHEELS (.whl), SITE (where the wheels
-#        go, /tmp/fairseq-plugins-site), WORK (work), RESULTS (docs/results/gpu),
+#        go, /tmp/fairseq-plugins-site), WORK (work), RESULTS (WORK/results/gpu; RESULTS=docs/results/gpu writes
+#        the repository's figures), SRC (en), TGT (de): the language suffixes of WORK/baseline/data,
 #        train: TRAIN_FLAGS (--fp16 on cuda, none on cpu; TRAIN_FLAGS_<method> for one method), METHODS
 #        ("double_token rnn_fc lattice"), DOUBLE_TOKEN_SYSTEMS (all five), RNN_FC_SYSTEMS ("fc4-tanh fc0-tanh"),
 #        LATTICE_SYSTEMS (distill-1), GPU_MINUTES (4 per training, all at once), KIT_EPOCHS (100: a cap)
@@ -34,7 +35,8 @@ DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/fairseq-plugins-site}
 WORK=${WORK:-work}
-RESULTS=${RESULTS:-docs/results/gpu}
+RESULTS=${RESULTS:-$WORK/results/gpu}
+export SRC=${SRC:-en} TGT=${TGT:-de}  # (every recipe the kit runs reads them too)
 if [[ $DEVICE == cuda ]]; then TRAIN_FLAGS=${TRAIN_FLAGS---fp16}; else TRAIN_FLAGS=${TRAIN_FLAGS-}; fi
 export TRAIN_FLAGS
 KIT=$(cd "$(dirname "$0")" && pwd)
@@ -113,12 +115,12 @@ EOF
     mkdir -p "$WORK/distill"
     distill_beam5 "$BASE" 2> "$WORK/distill/beam5.log"
     distill_greedy "$BASE" "$WORK/blockwise/self_distill" 2> "$WORK/distill/greedy.log"
-    wc -l "$WORK/distill/beam5/tok/train.de" "$WORK/blockwise/self_distill/tok/train.de" ;;
+    wc -l "$WORK/distill/beam5/tok/train.$TGT" "$WORK/blockwise/self_distill/tok/train.$TGT" ;;
 
   train)
     BASE=$WORK/baseline
     [[ -f $BASE/checkpoints/checkpoint_best.pt ]] || fail "$BASE/checkpoints/checkpoint_best.pt: no baseline (stage baseline)"
-    [[ -f $WORK/distill/beam5/bin/train.en-de.de.bin ]] || fail "$WORK/distill/beam5/bin: no distilled set (stage baseline)"
+    [[ -f $WORK/distill/beam5/bin/train.$SRC-$TGT.$TGT.bin ]] || fail "$WORK/distill/beam5/bin: no distilled set (stage baseline)"
     minutes=${GPU_MINUTES:-4}
     stop="--stop-time-hours $(python3 -c "print(round($minutes / 60, 4))")"
     jobs_started=()

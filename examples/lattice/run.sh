@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sequence-to-lattice translation on Multi30k en->de: tables, training, and the paper's comparisons on our data.
+# Sequence-to-lattice translation on Multi30k en->de (or SRC->TGT): tables, training, and the paper's comparisons.
 #
 #   distill  : the baseline transformer (examples/baseline) translates the training source, beam 5; its
 #              outputs become a distilled training set (same dictionaries), binarised in DISTILL/bin (shared with the
@@ -27,10 +27,12 @@
 #
 # Usage: examples/lattice/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (6; per system EPOCHS_raw_1 ...,
+#   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
+#        STAGES, SYSTEMS ("raw-1 distill-1 distill-2 distill-3"), EPOCHS (6; per system EPOCHS_raw_1 ...,
 #        distill-2 and distill-3 default to LAYERS_EPOCH), WARMUP (400), THREADS (training threads per
 #        system, 2), KS ("1 32 64 128"), K (64),
-#        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu), RESULTS (docs/results),
+#        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu),
+#        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures),
 #        LR (1e-3), AVERAGE (5), ALIGN_BACKEND (systran), WARM_START (1: encoder and embeddings from the baseline's checkpoint,
 #        --lattice-base-checkpoint; 0: from scratch), PATIENCE (3 validations without improvement stop a system;
 #        EPOCHS is a cap; the distilled systems' plateau is of validation BLEU, lattice decoding at K, when their
@@ -47,10 +49,11 @@ WARMUP=${WARMUP:-400}
 LR=${LR:-1e-3}
 AVERAGE=${AVERAGE:-5}
 K=${K:-64}
-RESULTS=${RESULTS:-docs/results}
+RESULTS=${RESULTS:-$WORK/results}
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, use_baseline_data, epochs, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+mkdir -p "$RESULTS"
 DISTILL=$(shared_distill "$BASE")
 
 corpus() { echo "${1%-*}"; }                       # raw-1 -> raw, distill-2 -> distill
@@ -81,17 +84,17 @@ fi
 if stage align; then
   for c in $(corpora); do
     mkdir -p "$WORK/$c"
-    record fairseq-plugins align --backend "${ALIGN_BACKEND:-systran}" --source "$(tok_dir "$c")/train.en" \
-      --target "$(tok_dir "$c")/train.de" --output "$WORK/$c/train.align"
+    record fairseq-plugins align --backend "${ALIGN_BACKEND:-systran}" --source "$(tok_dir "$c")/train.$SRC" \
+      --target "$(tok_dir "$c")/train.$TGT" --output "$WORK/$c/train.align"
   done
 fi
 
 if stage table; then
   for c in $(corpora); do
-    record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s en -t de --split train \
+    record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s "$SRC" -t "$TGT" --split train \
       --alignment "$WORK/$c/train.align" --output "$(table "$c")"
-    record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" -s en -t de \
-      --split test --json "$RESULTS/lattice_recall_$c.json"
+    record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" \
+      -s "$SRC" -t "$TGT" --split test --json "$RESULTS/lattice_recall_$c.json"
   done
 fi
 
@@ -101,7 +104,7 @@ if stage train; then
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the warm-start flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-2} record fairseq-train "$(data_bin "$c")" --user-dir "$USER_DIR" \
-      --task lattice_translation --source-lang en --target-lang de \
+      --task lattice_translation --source-lang "$SRC" --target-lang "$TGT" \
       --arch lattice_transformer_multi30k --lattice-scorer-layers "$(layers "$system")" \
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
@@ -127,19 +130,19 @@ if stage evaluate; then
   # transformer at beam 5 scored the same way.
   mkdir -p "$WORK/baseline"
   record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --path "$BASE/checkpoints/checkpoint_best.pt" \
-    --source-lang en --target-lang de --gen-subset test --beam 5 --batch-size 64 > "$WORK/baseline/generate.out"
+    --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam 5 --batch-size 64 > "$WORK/baseline/generate.out"
   for system in baseline $SYSTEMS; do
     if [[ $system != baseline ]]; then
       mkdir -p "$WORK/$system"
       # shellcheck disable=SC2046
       record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags "$system") \
-        --path "$(checkpoint "$system")" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
+        --path "$(checkpoint "$system")" --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --batch-size 64 \
         > "$WORK/$system/generate.out.tmp"
       mv "$WORK/$system/generate.out.tmp" "$WORK/$system/generate.out"
     fi
-    fairseq-plugins detok "$DATA" --from-generate --input "$WORK/$system/generate.out" > "$WORK/$system/hyp.de"
-    sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.de" -m bleu > "$WORK/$system/bleu.json"
-    echo "$system: $(sacrebleu "$DATA/raw/test.de" -i "$WORK/$system/hyp.de" -m bleu -b)"
+    fairseq-plugins detok "$DATA" --from-generate --input "$WORK/$system/generate.out" > "$WORK/$system/hyp.$TGT"
+    sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/$system/hyp.$TGT" -m bleu > "$WORK/$system/bleu.json"
+    echo "$system: $(sacrebleu "$DATA/raw/test.$TGT" -i "$WORK/$system/hyp.$TGT" -m bleu -b)"
   done
 fi
 
@@ -185,10 +188,10 @@ if stage layers; then
     out=$WORK/$system/generate.epoch$LAYERS_EPOCH.out
     # shellcheck disable=SC2046
     record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags "$system") --path "$path" \
-      --source-lang en --target-lang de --gen-subset test --batch-size 64 > "$out.tmp"
+      --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --batch-size 64 > "$out.tmp"
     mv "$out.tmp" "$out"
-    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
-    sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
+    fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.$TGT"
+    sacrebleu "$DATA/raw/test.$TGT" -i "$out.$TGT" -m bleu > "$out.bleu.json"
     bench_against_baseline "$system" "$path" "$system epoch $LAYERS_EPOCH" "$json.tmp"
   done
   mv "$json.tmp" "$json"
@@ -213,12 +216,12 @@ if stage fast; then
         out=$WORK/distill-1/generate.$slug.out
         # shellcheck disable=SC2046
         record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" $(decode_flags distill-1) "${flags[@]}" \
-          --path "$(checkpoint distill-1)" --source-lang en --target-lang de --gen-subset test --batch-size 64 \
+          --path "$(checkpoint distill-1)" --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --batch-size 64 \
           > "$out.tmp"
         mv "$out.tmp" "$out"
-        fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.de"
-        sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
-        echo "distill-1 $setting: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
+        fairseq-plugins detok "$DATA" --from-generate --input "$out" > "$out.$TGT"
+        sacrebleu "$DATA/raw/test.$TGT" -i "$out.$TGT" -m bleu > "$out.bleu.json"
+        echo "distill-1 $setting: $(sacrebleu "$DATA/raw/test.$TGT" -i "$out.$TGT" -m bleu -b)"
         bench_against_baseline distill-1 "$(checkpoint distill-1)" "distill-1 $setting" "$json.tmp" "${flags[@]}"
       done
     done

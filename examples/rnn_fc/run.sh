@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fast CPU decoding (Devlin 2017) on Multi30k en->de: rnn_fc models, the decoder switches, candidate lists.
+# Fast CPU decoding (Devlin 2017) on Multi30k en->de (or SRC->TGT): rnn_fc models, the decoder switches, candidate
+# lists.
 #
 #   distill   : the baseline transformer's beam-5 translations of the training set (sequence-level distillation,
 #               shared with the lattice recipe: DISTILL, default work/distill/beam5 beside BASELINE_WORK)
@@ -34,10 +35,12 @@
 #
 # Usage: examples/rnn_fc/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
-#   env: STAGES, SYSTEMS, TRAIN_ON (distill | raw), DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
+#   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
+#        STAGES, SYSTEMS, TRAIN_ON (distill | raw), DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
 #        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
-#        RESULTS (docs/results), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
+#        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
+#        fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
@@ -49,12 +52,13 @@ EPOCHS=${EPOCHS:-60}
 AVERAGE=${AVERAGE:-5}
 WARMUP=${WARMUP:-150}
 CLIP_NORM=${CLIP_NORM:-0}
-RESULTS=${RESULTS:-docs/results}
+RESULTS=${RESULTS:-$WORK/results}
 case $TRAIN_ON in distill|raw) ;; *) echo "TRAIN_ON=$TRAIN_ON: choose distill or raw" >&2; exit 2 ;; esac
 case $LAYOUT in residual|paper) ;; *) echo "LAYOUT=$LAYOUT: choose residual or paper" >&2; exit 2 ;; esac
 # shellcheck source=examples/common.sh
-source "$(dirname "$0")/../common.sh"  # use_baseline_data, epochs, record (run + keep as provenance), stage
+source "$(dirname "$0")/../common.sh"  # SRC, TGT, use_baseline_data, epochs, record (run + keep as provenance), stage
 use_baseline_data "$BASE" "$WORK"
+mkdir -p "$RESULTS"
 DISTILL=$(shared_distill "$BASE")
 
 fc_layers() { local name=${1#fc}; echo "${name%-*}"; }    # fc4-tanh -> 4
@@ -71,7 +75,7 @@ if stage train; then
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
     OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" --task translation \
-      --source-lang en --target-lang de --arch rnn_fc_multi30k --rnn-fc-fc-layers "$(fc_layers "$system")" \
+      --source-lang "$SRC" --target-lang "$TGT" --arch rnn_fc_multi30k --rnn-fc-fc-layers "$(fc_layers "$system")" \
       --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
       --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
       --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
@@ -91,13 +95,13 @@ LIST=$WORK/shortlist.pt
 BASELINE=$BASE/checkpoints/checkpoint_best.pt
 
 if stage align; then
-  record fairseq-plugins align --source "$DATA/tok/train.en" --target "$DATA/tok/train.de" \
-    --output "$WORK/train.align" --lexical-table "$WORK/lex.en-de.txt"
+  record fairseq-plugins align --source "$DATA/tok/train.$SRC" --target "$DATA/tok/train.$TGT" \
+    --output "$WORK/train.align" --lexical-table "$WORK/lex.$SRC-$TGT.txt"
 fi
 
 if stage shortlist; then
-  record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
-    --top 20 --frequent 100 --output "$LIST"
+  record fairseq-plugins shortlist --lexical-table "$WORK/lex.$SRC-$TGT.txt" --data-bin "$DATA/bin" \
+    -s "$SRC" -t "$TGT" --top 20 --frequent 100 --output "$LIST"
 fi
 
 evaluate() {  # NAME CHECKPOINT [decoding flags...]: fairseq-generate of the whole test set at beam 6, sacreBLEU
@@ -106,11 +110,11 @@ evaluate() {  # NAME CHECKPOINT [decoding flags...]: fairseq-generate of the who
   shift 2
   mkdir -p "$(dirname "$out")"
   OMP_NUM_THREADS=1 record fairseq-generate "$DATA/bin" --user-dir "$USER_DIR" --task "${EVAL_TASK:-rnn_fc_translation}" \
-    --path "$path" --source-lang en --target-lang de --gen-subset test --beam 6 --batch-size 64 "$@" > "$out.out.tmp"
+    --path "$path" --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam 6 --batch-size 64 "$@" > "$out.out.tmp"
   mv "$out.out.tmp" "$out.out"
-  fairseq-plugins detok "$DATA" --from-generate --input "$out.out" > "$out.de"
-  sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu > "$out.bleu.json"
-  echo "$name: $(sacrebleu "$DATA/raw/test.de" -i "$out.de" -m bleu -b)"
+  fairseq-plugins detok "$DATA" --from-generate --input "$out.out" > "$out.$TGT"
+  sacrebleu "$DATA/raw/test.$TGT" -i "$out.$TGT" -m bleu > "$out.bleu.json"
+  echo "$name: $(sacrebleu "$DATA/raw/test.$TGT" -i "$out.$TGT" -m bleu -b)"
 }
 
 bench_row() {  # JSON LABEL CHECKPOINT [bench and decoding flags...]: beam 6, one thread, batch 1
@@ -180,8 +184,8 @@ if stage lists; then
   json=$RESULTS/rnn_fc_lists.json
   rm -f "$json.tmp"
   for frequent in ${FREQUENTS:-100 500 2000}; do
-    record fairseq-plugins shortlist --lexical-table "$WORK/lex.en-de.txt" --data-bin "$DATA/bin" -s en -t de \
-      --top 20 --frequent "$frequent" --output "$WORK/shortlist-f$frequent.pt"
+    record fairseq-plugins shortlist --lexical-table "$WORK/lex.$SRC-$TGT.txt" --data-bin "$DATA/bin" \
+      -s "$SRC" -t "$TGT" --top 20 --frequent "$frequent" --output "$WORK/shortlist-f$frequent.pt"
     evaluate "lists-f$frequent" "$BASELINE" --rnn-fc-shortlist "$WORK/shortlist-f$frequent.pt"
     bench_row "$json.tmp" "transformer + candidate lists (top 20, $frequent frequent)" "$BASELINE" \
       --rnn-fc-shortlist "$WORK/shortlist-f$frequent.pt"
@@ -201,7 +205,8 @@ fi
 
 if stage ctranslate2; then
   python -c "import ctranslate2" 2>/dev/null || pip install --no-deps ctranslate2==4.8.5
-  record ct2-fairseq-converter --model_path "$BASELINE" --data_dir "$DATA/bin" --source_lang en --target_lang de \
+  record ct2-fairseq-converter --model_path "$BASELINE" --data_dir "$DATA/bin" \
+    --source_lang "$SRC" --target_lang "$TGT" \
     --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
   record python "$(dirname "$0")/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" --beam 6 \
     --limit "${BENCH_LIMIT:-200}" --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" \
