@@ -1,7 +1,8 @@
 """Collect examples/bytenet/run.sh's measurements into one JSON (and the time-against-length figure).
 
 Usage: python examples/bytenet/summarize.py WORK RAW_DIR OUT.json
-Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpoint_best.pt},
+Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpoint_avg.pt (else _best)} of the
+systems trained,
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
 languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSON bytenet_length.json
 beside OUT.json.
@@ -31,16 +32,23 @@ def parameters(checkpoint: str) -> int:
 
 
 def training(log_path: str) -> dict:
-    """Updates, validations and wall-clock time from a fairseq-train log (--log-format simple)."""
+    """Updates, validations, wall-clock time and the validation curve from a fairseq-train log (--log-format
+    simple; a resumed run's log appended): per epoch its validation loss and fairseq's ``wall`` (seconds of
+    training so far, carried over a resume) at the end of that epoch."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
     done = re.search(r"done training in ([\d.]+) seconds", text)
+    walls = dict(re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text))
+    curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": int(walls[epoch])}
+             for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
+             if epoch in walls]
     return {
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
-        "wall_seconds": float(done.group(1)) if done else None,
+        "wall_seconds": float(done.group(1)) if done else (curve[-1]["wall_seconds"] if curve else None),
         "valid_loss_base2": [float(loss) for loss, _ in valid],
+        "curve": curve,
     }
 
 
@@ -48,7 +56,9 @@ def bleu(hypotheses: str, references: list) -> float:
     return round(sacrebleu.corpus_bleu(read_lines(hypotheses, allow_empty_lines=True), [references]).score, 2)
 
 
-def bits_per_character(log_path: str) -> float:
+def bits_per_character(log_path: str):
+    if not os.path.isfile(log_path):
+        return None  # not evaluated (yet)
     with open(log_path, encoding="utf-8", errors="replace") as f:
         match = re.search(r"Loss \(base 2\): ([\d.]+)", f.read())
     if not match:
@@ -133,19 +143,37 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
     return os.path.basename(prefix), read_lines(f"{prefix}.{manifest['target_lang']}")
 
 
+LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "transformer-lm", "nanogpt-lm")
+
+
+def final_checkpoint(work: str, name: str):
+    """What the recipe's later stages use: the average of the last epochs (the average stage), else the best
+    checkpoint; None for a system not trained."""
+    for candidate in ("checkpoint_avg.pt", "checkpoint_best.pt"):
+        path = os.path.join(work, name, "checkpoints", candidate)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def main(work: str, raw_dir: str, out: str) -> None:
     test_name, references = test_split_references(work, raw_dir)
     result = {"translation": {}, "language_model": {}}
     for name in ("bytenet-mt", "transformer-mt"):
-        system = {"parameters": parameters(f"{work}/{name}/checkpoints/checkpoint_best.pt"),
+        if final_checkpoint(work, name) is None:
+            continue  # not trained (yet)
+        system = {"parameters": parameters(final_checkpoint(work, name)),
                   "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             beam = re.search(r"beam(\d+)", path).group(1)
             system[f"bleu_beam{beam}_lenpen0"] = bleu(path, references)
         result["translation"][name] = system
-    for name in ("bytenet-lm", "transformer-lm"):
+    for name in LM_SYSTEMS:
+        if final_checkpoint(work, name) is None:
+            continue
         result["language_model"][name] = {
-            "parameters": parameters(f"{work}/{name}/checkpoints/checkpoint_best.pt"),
+            "evaluated": os.path.basename(final_checkpoint(work, name)),
+            "parameters": parameters(final_checkpoint(work, name)),
             "training": training(f"{work}/{name}/train.log"),
             "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
         }
