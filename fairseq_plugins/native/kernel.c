@@ -72,34 +72,72 @@ static inline __m256i dot32_unsigned(__m256i u, __m256i s, __m256i acc) {
 }
 #endif
 
+#if defined(__AVX2__)
+/* Both inner loops multiply unsigned by signed bytes, so each input row is prepared once a call: with VNNI
+ * u = q + 128 (the sign bit flipped), each output then corrected by 128 sum w; with AVX2 maddubs |q|, q's sign
+ * moved onto w. Either way the int32 sums are exactly sum q w, so the two builds give the same outputs. */
+static int8_t *prepared_rows(const int8_t *q, int64_t bytes) {
+    int8_t *p = (int8_t *)malloc((size_t)bytes);
+    if (!p) abort();
+    for (int64_t i = 0; i < bytes; i += 32) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
+#if defined(FP_VNNI)
+        _mm256_storeu_si256((__m256i *)(p + i), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+#else
+        _mm256_storeu_si256((__m256i *)(p + i), _mm256_abs_epi8(v));
+#endif
+    }
+    return p;
+}
+
+/* acc += the 32 products of row bytes at offset k (prepared p, original q) with the weight bytes wv. */
+static inline __m256i row_dot32(const int8_t *p, const int8_t *q, int64_t k, __m256i wv, __m256i acc) {
+    const __m256i prepared = _mm256_loadu_si256((const __m256i *)(p + k));
+#if defined(FP_VNNI)
+    (void)q;
+    return dot32_unsigned(prepared, wv, acc);
+#else
+    return dot32(prepared, _mm256_loadu_si256((const __m256i *)(q + k)), wv, acc);
+#endif
+}
+
+/* What each output's sum must lose for the row preparation: 128 sum w with VNNI, nothing with AVX2. */
+static inline int32_t row_correction(const int8_t *wn, int64_t Kp) {
+#if defined(FP_VNNI)
+    __m256i c = _mm256_setzero_si256();
+    for (int64_t k = 0; k < Kp; k += 32)
+        c = dot32_unsigned(_mm256_set1_epi8((char)128), _mm256_loadu_si256((const __m256i *)(wn + k)), c);
+    return horizontal_sum(c);
+#else
+    (void)wn;
+    (void)Kp;
+    return 0;
+#endif
+}
+#endif
+
 /* Kp a multiple of 32; rows of q and w zero padded from K to Kp. */
 void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, const float *ws, int64_t N,
                   int64_t Kp, const float *bias, float *y) {
-#if defined(FP_VNNI)
-    /* VNNI multiplies unsigned by signed bytes: u = q + 128 (the sign bit flipped) is unsigned, and
-     * sum u w - 128 sum w = sum q w exactly in int32, the same sums as the AVX2 path below. */
-    uint8_t *u = (uint8_t *)malloc((size_t)(M * Kp));
-    if (!u) abort();
-    const __m256i flip = _mm256_set1_epi8((char)0x80), offset = _mm256_set1_epi8((char)128);
-    for (int64_t i = 0; i < M * Kp; i += 32)
-        _mm256_storeu_si256((__m256i *)(u + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
-#define U(m, k) _mm256_loadu_si256((const __m256i *)(u + (m) * Kp + (k)))
+#if defined(__AVX2__)
+    int8_t *p = prepared_rows(q, M * Kp);
+#define ROW(m) p + (m) * Kp, q + (m) * Kp
+#endif
     for (int64_t n = 0; n < N; ++n) {
         const int8_t *wn = w + n * Kp;
         const float b = bias ? bias[n] : 0.0f;
-        __m256i c = _mm256_setzero_si256();
-        for (int64_t k = 0; k < Kp; k += 32)
-            c = dot32_unsigned(offset, _mm256_loadu_si256((const __m256i *)(wn + k)), c);
-        const int32_t correction = horizontal_sum(c); /* 128 sum w */
         int64_t m = 0;
+#if defined(__AVX2__)
+        const int32_t correction = row_correction(wn, Kp);
+        /* Four input rows at a time share each load of the weight row. */
         for (; m + 4 <= M; m += 4) {
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t k = 0; k < Kp; k += 32) {
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(wn + k));
-                a0 = dot32_unsigned(U(m + 0, k), wv, a0);
-                a1 = dot32_unsigned(U(m + 1, k), wv, a1);
-                a2 = dot32_unsigned(U(m + 2, k), wv, a2);
-                a3 = dot32_unsigned(U(m + 3, k), wv, a3);
+                a0 = row_dot32(ROW(m + 0), k, wv, a0);
+                a1 = row_dot32(ROW(m + 1), k, wv, a1);
+                a2 = row_dot32(ROW(m + 2), k, wv, a2);
+                a3 = row_dot32(ROW(m + 3), k, wv, a3);
             }
             y[(m + 0) * N + n] = (float)(horizontal_sum(a0) - correction) * xs[m + 0] * ws[n] + b;
             y[(m + 1) * N + n] = (float)(horizontal_sum(a1) - correction) * xs[m + 1] * ws[n] + b;
@@ -109,47 +147,8 @@ void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, 
         for (; m < M; ++m) {
             __m256i a0 = _mm256_setzero_si256();
             for (int64_t k = 0; k < Kp; k += 32)
-                a0 = dot32_unsigned(U(m, k), _mm256_loadu_si256((const __m256i *)(wn + k)), a0);
+                a0 = row_dot32(ROW(m), k, _mm256_loadu_si256((const __m256i *)(wn + k)), a0);
             y[m * N + n] = (float)(horizontal_sum(a0) - correction) * xs[m] * ws[n] + b;
-        }
-    }
-#undef U
-    free(u);
-#else
-#if defined(__AVX2__)
-    /* |q| once for all N weight rows (one instruction less in the inner loop) */
-    int8_t *q_abs = (int8_t *)malloc((size_t)(M * Kp));
-    if (!q_abs) abort();
-    for (int64_t i = 0; i < M * Kp; i += 32)
-        _mm256_storeu_si256((__m256i *)(q_abs + i), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(q + i))));
-#define Q(m, k) _mm256_loadu_si256((const __m256i *)(q_abs + (m) * Kp + (k))), \
-                _mm256_loadu_si256((const __m256i *)(q + (m) * Kp + (k)))
-#endif
-    for (int64_t n = 0; n < N; ++n) {
-        const int8_t *wn = w + n * Kp;
-        const float b = bias ? bias[n] : 0.0f;
-        int64_t m = 0;
-#if defined(__AVX2__)
-        /* Four input rows at a time share each load of the weight row. */
-        for (; m + 4 <= M; m += 4) {
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t k = 0; k < Kp; k += 32) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(wn + k));
-                a0 = dot32(Q(m + 0, k), wv, a0);
-                a1 = dot32(Q(m + 1, k), wv, a1);
-                a2 = dot32(Q(m + 2, k), wv, a2);
-                a3 = dot32(Q(m + 3, k), wv, a3);
-            }
-            y[(m + 0) * N + n] = (float)horizontal_sum(a0) * xs[m + 0] * ws[n] + b;
-            y[(m + 1) * N + n] = (float)horizontal_sum(a1) * xs[m + 1] * ws[n] + b;
-            y[(m + 2) * N + n] = (float)horizontal_sum(a2) * xs[m + 2] * ws[n] + b;
-            y[(m + 3) * N + n] = (float)horizontal_sum(a3) * xs[m + 3] * ws[n] + b;
-        }
-        for (; m < M; ++m) {
-            __m256i a0 = _mm256_setzero_si256();
-            for (int64_t k = 0; k < Kp; k += 32)
-                a0 = dot32(Q(m, k), _mm256_loadu_si256((const __m256i *)(wn + k)), a0);
-            y[m * N + n] = (float)horizontal_sum(a0) * xs[m] * ws[n] + b;
         }
 #else
         for (; m < M; ++m) {
@@ -161,9 +160,8 @@ void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, 
 #endif
     }
 #if defined(__AVX2__)
-#undef Q
-    free(q_abs);
-#endif
+#undef ROW
+    free(p);
 #endif
 }
 
@@ -194,11 +192,7 @@ static inline __m256i broadcast4(const uint8_t *bytes) {
 
 void fp_int8_gemm_packed(const int8_t *q, const float *xs, int64_t M, const int8_t *wp, const float *ws,
                          const int32_t *corrections, int64_t N, int64_t Kp, const float *bias, float *y) {
-    uint8_t *u = (uint8_t *)malloc((size_t)(M * Kp));
-    if (!u) abort();
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int64_t i = 0; i < M * Kp; i += 32)
-        _mm256_storeu_si256((__m256i *)(u + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
+    uint8_t *u = (uint8_t *)prepared_rows(q, M * Kp);  /* q + 128 */
     const int64_t groups = Kp / 4, blocks = (N + 7) / 8;
     for (int64_t nb = 0; nb < blocks; nb += 2) {
         const int two = nb + 1 < blocks;
