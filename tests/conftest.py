@@ -180,6 +180,21 @@ def prepared(synthetic_raw, tmp_path_factory):
     return once_per_session(tmp_path_factory, "prepared", build)
 
 
+def train_flags(task="translation", arch="baseline_transformer_tiny", **replace):
+    """TRAIN_FLAGS for another task and model, other values replaced by keyword (the flag's name, dashes as
+    underscores: ``lr="3e-3"``)."""
+    flags = list(TRAIN_FLAGS)
+    for name, value in {"task": task, "arch": arch, **replace}.items():
+        flags[flags.index(f"--{name.replace('_', '-')}") + 1] = value
+    return flags
+
+
+def train_tiny(data_bin, save_dir, flags, *extra):
+    """fairseq-train with the tiny trainings' threads; returns the save dir."""
+    run("fairseq_cli.train", data_bin, *flags, *extra, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    return save_dir
+
+
 @pytest.fixture(scope="session")
 def trained(prepared, tmp_path_factory):
     """A tiny baseline transformer trained through fairseq-train --user-dir; returns its paths."""
@@ -222,3 +237,34 @@ def incremental_and_full(model, dictionary, device, per_step=1):
             steps.append(logits)
         full, _ = model.decoder(prev, encoder_out=encoder_out)
     return torch.cat(steps, dim=1).cpu(), full.cpu()
+
+
+# Tiny systems more than one test file decodes, trained once per session (under pytest-xdist, by the first
+# worker that asks): each file then only reads them.
+
+@pytest.fixture(scope="session")
+def lattice_system(prepared, tmp_path_factory):
+    """The synthetic corpus aligned, its candidate table, and a tiny lattice_transformer trained on it."""
+    def build(directory):
+        tok = os.path.join(prepared, "tok")
+        plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
+                    "--output", directory / "train.align")
+        plugins_cli("lattice-table", "--data-bin", os.path.join(prepared, "bin"), "-s", "src", "-t", "tgt",
+                    "--alignment", directory / "train.align", "--output", directory / "table.pt")
+        save_dir = train_tiny(os.path.join(prepared, "bin"), str(directory / "checkpoints"),
+                              train_flags("lattice_translation", "lattice_transformer_tiny"), "--max-epoch", 12)
+        return {"checkpoints": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"),
+                "table": str(directory / "table.pt")}
+
+    return once_per_session(tmp_path_factory, "lattice", build)
+
+
+@pytest.fixture(scope="session")
+def rnn_fc_system(prepared, tmp_path_factory):
+    """A tiny rnn_fc trained with --task translation (as examples/rnn_fc/run.sh trains it)."""
+    def build(directory):
+        save_dir = train_tiny(os.path.join(prepared, "bin"), str(directory / "checkpoints"),
+                              train_flags("translation", "rnn_fc_tiny"), "--clip-norm", 1.0, "--max-epoch", 12)
+        return {"checkpoints": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
+
+    return once_per_session(tmp_path_factory, "rnn_fc", build)

@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 
-from conftest import TRAIN_FLAGS, TRAIN_THREADS, USER_DIR, plugins_cli, run
+from conftest import USER_DIR, plugins_cli, run, train_flags, train_tiny
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "python-api.md")
 EXAMPLE = "A little girl climbs into a wooden playhouse."  # the document's sentence, replaced by test sentences
@@ -137,61 +137,25 @@ def ends_sentences(translations):
 
 # --- tiny models (the recipes of the methods' own test modules) ----------------------------------------------
 
-def train(data_bin, save_dir, flags, *extra):
-    run("fairseq_cli.train", data_bin, *flags, *extra, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return save_dir
-
-
-def flags_for(task, arch, **replace):
-    flags = list(TRAIN_FLAGS)
-    flags[flags.index("--task") + 1] = task
-    flags[flags.index("--arch") + 1] = arch
-    for name, value in replace.items():
-        flags[flags.index(f"--{name.replace('_', '-')}") + 1] = value
-    return flags
-
-
 @pytest.fixture(scope="module")
 def blockwise_trained(trained, tmp_path_factory):
     """Proposal heads trained on the frozen tiny baseline (tests/test_blockwise.py's recipe)."""
     save_dir = str(tmp_path_factory.mktemp("hub_blockwise"))
-    flags = flags_for("blockwise_translation", "blockwise_transformer_tiny",
-                      criterion="blockwise_label_smoothed_cross_entropy", lr="3e-3")
-    return train(os.path.join(trained["data"], "bin"), save_dir, flags, "--blockwise-heads", 3,
-                 "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
-                 "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
-                 "--maximize-best-checkpoint-metric", "--patience", 3, "--max-epoch", 8)
+    flags = train_flags("blockwise_translation", "blockwise_transformer_tiny",
+                        criterion="blockwise_label_smoothed_cross_entropy", lr="3e-3")
+    return train_tiny(os.path.join(trained["data"], "bin"), save_dir, flags, "--blockwise-heads", 3,
+                      "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
+                      "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
+                      "--maximize-best-checkpoint-metric", "--patience", 3, "--max-epoch", 8)
 
 
 @pytest.fixture(scope="module")
 def double_token_trained(prepared, tmp_path_factory):
     """The paper's bidirectional double-token system (tests/test_double_token.py's recipe)."""
     save_dir = str(tmp_path_factory.mktemp("hub_double_token"))
-    return train(os.path.join(prepared, "bin"), save_dir,
-                 flags_for("double_token_translation", "double_token_transformer_tiny"),
-                 "--token-order", "bidir", "--tokens-per-step", 2, "--max-epoch", 12)
-
-
-@pytest.fixture(scope="module")
-def lattice_trained(prepared, tmp_path_factory):
-    """Alignments, the candidate table and a tiny lattice_transformer (tests/test_lattice.py's recipe)."""
-    work = tmp_path_factory.mktemp("hub_lattice")
-    tok = os.path.join(prepared, "tok")
-    plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
-                "--output", work / "train.align")
-    plugins_cli("lattice-table", "--data-bin", os.path.join(prepared, "bin"), "-s", "src", "-t", "tgt",
-                "--alignment", work / "train.align", "--output", work / "table.pt")
-    save_dir = train(os.path.join(prepared, "bin"), str(work / "checkpoints"),
-                     flags_for("lattice_translation", "lattice_transformer_tiny"), "--max-epoch", 12)
-    return {"checkpoints": save_dir, "table": str(work / "table.pt")}
-
-
-@pytest.fixture(scope="module")
-def rnn_fc_trained(prepared, tmp_path_factory):
-    """A tiny rnn_fc trained with --task translation, as examples/rnn_fc/run.sh trains it."""
-    save_dir = str(tmp_path_factory.mktemp("hub_rnn_fc"))
-    return train(os.path.join(prepared, "bin"), save_dir, flags_for("translation", "rnn_fc_tiny"),
-                 "--clip-norm", 1.0, "--max-epoch", 12)
+    return train_tiny(os.path.join(prepared, "bin"), save_dir,
+                      train_flags("double_token_translation", "double_token_transformer_tiny"),
+                      "--token-order", "bidir", "--tokens-per-step", 2, "--max-epoch", 12)
 
 
 def write_copy_corpus(directory, seed=3, alphabet="abcdefghijkl "):
@@ -213,9 +177,9 @@ def bytenet_trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub_bytenet")
     data = str(root / "data")
     plugins_cli("prepare", "--char", write_copy_corpus(str(root / "raw")), data, "-s", "src", "-t", "tgt")
-    save_dir = train(os.path.join(data, "bin"), str(root / "checkpoints"),
-                     flags_for("translation", "bytenet_tiny", lr="3e-3", max_tokens="3000"),
-                     "--max-epoch", 6, "--cpu")
+    save_dir = train_tiny(os.path.join(data, "bin"), str(root / "checkpoints"),
+                          train_flags("translation", "bytenet_tiny", lr="3e-3", max_tokens="3000"),
+                          "--max-epoch", 6, "--cpu")
     return {"data": data, "checkpoints": save_dir}
 
 
@@ -252,22 +216,22 @@ def test_double_token(prepared, double_token_trained):
 
 
 @pytest.mark.slow
-def test_lattice(prepared, lattice_trained):
+def test_lattice(prepared, lattice_system):
     from fairseq_plugins.lattice.task import LatticeTranslationTask
 
-    paths = {DOC_DATA: prepared, DOC_PATHS["lattice"]: lattice_trained["checkpoints"],
-             DOC_TABLE: lattice_trained["table"]}
+    paths = {DOC_DATA: prepared, DOC_PATHS["lattice"]: lattice_system["checkpoints"],
+             DOC_TABLE: lattice_system["table"]}
     translations, hub = three_ways("lattice", paths, prepared)
-    assert isinstance(hub.task, LatticeTranslationTask) and hub.task.cfg.lattice_table == lattice_trained["table"]
+    assert isinstance(hub.task, LatticeTranslationTask) and hub.task.cfg.lattice_table == lattice_system["table"]
     assert ends_sentences(translations), translations
 
 
 @pytest.mark.slow
-def test_rnn_fc(prepared, rnn_fc_trained):
+def test_rnn_fc(prepared, rnn_fc_system):
     from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
     from fairseq_plugins.rnn_fc.task import RnnFcTranslationTask
 
-    translations, hub = three_ways("rnn_fc", {DOC_DATA: prepared, DOC_PATHS["rnn_fc"]: rnn_fc_trained}, prepared)
+    translations, hub = three_ways("rnn_fc", {DOC_DATA: prepared, DOC_PATHS["rnn_fc"]: rnn_fc_system["checkpoints"]}, prepared)
     # task= switched the checkpoint's --task translation to rnn_fc's (fairseq alone keeps translation).
     assert isinstance(hub.task, RnnFcTranslationTask)
     assert isinstance(hub.task.build_generator(hub.models, hub.cfg.generation), RnnFcGenerator)

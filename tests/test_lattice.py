@@ -1188,22 +1188,11 @@ def test_generator_rejects_bad_settings():
 # --- end to end: align, table, fairseq-train, fairseq-generate, bench ----------------------------------------
 
 @pytest.fixture(scope="module")
-def lattice_trained(prepared, trained, tmp_path_factory):
-    """The synthetic corpus aligned, its table, and a tiny lattice_transformer trained with fairseq-train."""
-    work = tmp_path_factory.mktemp("lattice")
-    tok = os.path.join(prepared, "tok")
-    plugins_cli("align", "--source", os.path.join(tok, "train.src"), "--target", os.path.join(tok, "train.tgt"),
-                "--output", work / "train.align")
-    plugins_cli("lattice-table", "--data-bin", os.path.join(prepared, "bin"), "-s", "src", "-t", "tgt",
-                "--alignment", work / "train.align", "--output", work / "table.pt")
-    flags = list(TRAIN_FLAGS)
-    flags[flags.index("--task") + 1] = "lattice_translation"
-    flags[flags.index("--arch") + 1] = "lattice_transformer_tiny"
-    save_dir = str(work / "checkpoints")
-    run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--max-epoch", 12, "--save-dir", save_dir,
-        env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return {"data": prepared, "work": work, "table": str(work / "table.pt"),
-            "checkpoint": os.path.join(save_dir, "checkpoint_best.pt"), "baseline": trained["checkpoint"]}
+def lattice_trained(prepared, trained, lattice_system):
+    """The synthetic corpus aligned, its table, and a tiny lattice_transformer trained with fairseq-train
+    (conftest's session system), with the data and the baseline beside them."""
+    return {"data": prepared, "table": lattice_system["table"], "checkpoint": lattice_system["checkpoint"],
+            "baseline": trained["checkpoint"]}
 
 
 def generate(system, *flags, check=True):

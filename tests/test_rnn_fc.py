@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
 from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
@@ -374,15 +374,10 @@ def test_systran_lexical_table_is_fast_aligns_probability_table(tmp_path):
 # --- a trained tiny rnn_fc: every switch against the plain decoder --------------------------------------------
 
 @pytest.fixture(scope="module")
-def rnn_fc_model(prepared, tmp_path_factory):
-    """A tiny rnn_fc trained with fairseq-train on the synthetic corpus: (its work folder, its checkpoint)."""
-    work = tmp_path_factory.mktemp("rnn_fc")
-    flags = list(TRAIN_FLAGS)
-    flags[flags.index("--arch") + 1] = "rnn_fc_tiny"
-    save_dir = str(work / "checkpoints")
-    run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--clip-norm", 1.0, "--max-epoch", 12,
-        "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return work, os.path.join(save_dir, "checkpoint_best.pt")
+def rnn_fc_model(rnn_fc_system, tmp_path_factory):
+    """A tiny rnn_fc trained with fairseq-train on the synthetic corpus (conftest's session system): (a work
+    folder of this module's own, its checkpoint)."""
+    return tmp_path_factory.mktemp("rnn_fc"), rnn_fc_system["checkpoint"]
 
 
 @pytest.fixture(scope="module")
