@@ -92,6 +92,37 @@ def test_a_warm_started_lattice_model_has_the_base_encoder_and_embeddings(traine
     torch.testing.assert_close(model.decoder.embed_tokens.weight, base.decoder.embed_tokens.weight, rtol=0, atol=0)
 
 
+def test_a_deeper_lattice_encoder_takes_the_base_layers_as_its_lowest_and_keeps_the_rest_fresh(trained):
+    """Depth moved from the scorer to the encoder: 4 encoder layers from the tiny base's 2."""
+    deeper = ("--task", "lattice_translation", "--arch", "lattice_transformer_tiny", "--encoder-layers", 4)
+    torch.manual_seed(3)
+    _task, model = build(trained, *deeper, "--lattice-base-checkpoint", trained["checkpoint"])
+    torch.manual_seed(3)
+    _task, untouched = build(trained, *deeper)  # the same initialisation, no warm start
+    _base_task, base = base_of(trained)
+    assert len(base.encoder.layers) == 2 and len(model.encoder.layers) == 4
+    own, theirs, init = model.state_dict(), base.state_dict(), untouched.state_dict()
+    for key, tensor in own.items():
+        if key.startswith(("encoder.layers.0.", "encoder.layers.1.", "encoder.embed_tokens.")):
+            torch.testing.assert_close(tensor, theirs[key], rtol=0, atol=0, msg=key)
+        elif key.startswith(("encoder.layers.2.", "encoder.layers.3.")):
+            torch.testing.assert_close(tensor, init[key], rtol=0, atol=0, msg=key)
+    # the lowest two layers compute the base's encoder output
+    src, padding = torch.tensor([[7, 8, 9, 10, 2]]), torch.zeros(1, 5, dtype=torch.bool)
+    with torch.no_grad():
+        x = model.encoder.forward_embedding(src)[0].transpose(0, 1)
+        lower = model.encoder.layers[1](model.encoder.layers[0](x, padding), padding)
+        stock = base.encoder(src, torch.tensor([5]))["encoder_out"][0]
+    torch.testing.assert_close(lower, stock, rtol=0, atol=0)
+
+
+def test_a_base_deeper_than_the_lattice_encoder_is_a_clear_error(trained):
+    with pytest.raises(InputError, match="--lattice-base-checkpoint .*the base has 2 encoder layers and this "
+                                         "model 1 \\(--encoder-layers must be at least the base's\\)"):
+        build(trained, "--task", "lattice_translation", "--arch", "lattice_transformer_tiny",
+              "--encoder-layers", 1, "--lattice-base-checkpoint", trained["checkpoint"])
+
+
 @pytest.mark.parametrize("system", [
     ("--task", "double_token_translation", "--token-order", "bidir", "--tokens-per-step", 2,
      "--arch", "double_token_transformer_multi30k", "--double-token-base-checkpoint"),

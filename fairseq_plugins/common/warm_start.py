@@ -7,6 +7,7 @@ before training starts.
 """
 
 import logging
+import re
 from typing import Callable, Optional, Set
 
 from torch import Tensor
@@ -14,6 +15,23 @@ from torch import Tensor
 from .textio import InputError
 
 logger = logging.getLogger(__name__)
+
+
+def load_base_state(path: str, flag: str) -> dict:
+    """The model tensors of checkpoint ``path``, or an error naming ``flag`` when there is no such file."""
+    from fairseq import checkpoint_utils
+
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+    except FileNotFoundError:
+        raise InputError(f"{flag} {path}: no such file")
+
+
+def layer_count(state: dict, prefix: str) -> int:
+    """How many layers ``prefix``.layers.N. a state dict has (e.g. prefix "encoder")."""
+    pattern = re.compile(rf"{re.escape(prefix)}\.layers\.(\d+)\.")
+    indices = [int(match.group(1)) for match in map(pattern.match, state) if match]
+    return max(indices) + 1 if indices else 0
 
 
 def warm_start(model, path: str, flag: str, required: Callable[[str], bool],
@@ -25,12 +43,7 @@ def warm_start(model, path: str, flag: str, required: Callable[[str], bool],
     ``required(key)``: ``model``'s tensor ``key`` must be in the base. ``adapt(key, base, own)``: the tensor to
     load where shapes differ, or None if it cannot fit.
     """
-    from fairseq import checkpoint_utils
-
-    try:
-        base = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-    except FileNotFoundError:
-        raise InputError(f"{flag} {path}: no such file")
+    base = load_base_state(path, flag)
     base = {key: tensor for key, tensor in base.items() if take(key)}
     own = model.state_dict()
     unexpected = sorted(key for key in base if key not in own)

@@ -35,7 +35,8 @@ from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 from ..baseline.model import _default, baseline_transformer_multi30k, baseline_transformer_tiny
 from ..candidates import PRECISIONS
 from ..common.attention import softmax_last_dim
-from ..common.warm_start import warm_start
+from ..common.textio import InputError
+from ..common.warm_start import layer_count, load_base_state, warm_start
 from ..int8 import Int8Matrix, int8_model_unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -479,10 +480,23 @@ class LatticeTransformerModel(TransformerModel):
 
     def load_base_checkpoint(self, path: str) -> None:
         """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline): its
-        encoder, target embeddings and output matrix; the scorer's layers and positions keep their init."""
+        encoder, target embeddings and output matrix; the scorer's layers and positions keep their init.
+
+        The encoder may be deeper than the base's (depth moved from the scorer to the encoder, where a layer
+        costs a thirtieth as much at decoding): the base's layers become the lowest ones and the layers above
+        them keep their initialisation."""
+        flag = "--lattice-base-checkpoint"
+        base_layers, own_layers = layer_count(load_base_state(path, flag), "encoder"), len(self.encoder.layers)
+        if base_layers > own_layers:
+            raise InputError(f"{flag} {path}: the base has {base_layers} encoder layers and this model "
+                             f"{own_layers} (--encoder-layers must be at least the base's)")
+        fresh = tuple(f"encoder.layers.{index}." for index in range(base_layers, own_layers))
         shared = ("encoder.", "decoder.embed_tokens.", "decoder.output_projection.")
-        warm_start(self, path, "--lattice-base-checkpoint", required=lambda key: key.startswith("encoder."),
+        warm_start(self, path, flag, required=lambda key: key.startswith("encoder.") and not key.startswith(fresh),
                    take=lambda key: key.startswith(shared) and not key.endswith("_float_tensor"))
+        if fresh:
+            logger.info("encoder layers %d-%d start from their initialisation (the base has %d)",
+                        base_layers, own_layers - 1, base_layers)
 
 
 def _lattice_defaults(args):
