@@ -17,6 +17,11 @@ TORCH_INDEX ?=
 # 1: report an unsupported platform and install anyway.
 ALLOW_UNSUPPORTED ?=
 FAIRSEQ   ?= ve-fairseq==0.12.3
+# 1: build fairseq from a source distribution (FAIRSEQ_SOURCE, compiled here: a C++ compiler, ~2 min) instead of
+# installing the $(FAIRSEQ) wheel, which exists for Linux x86_64 only. The platform check then only asks for
+# CPython 3.11 or 3.12.
+FAIRSEQ_FROM_SOURCE ?=
+FAIRSEQ_SOURCE ?= fairseq-fixed==0.12.3.1
 DATA      ?=
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one.
@@ -25,7 +30,14 @@ PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TES
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
-CHECK_PLATFORM = scripts/check_platform.py $(if $(filter-out 0,$(ALLOW_UNSUPPORTED)),--allow-unsupported)
+FROM_SOURCE := $(filter-out 0,$(FAIRSEQ_FROM_SOURCE))
+CHECK_PLATFORM = scripts/check_platform.py $(if $(filter-out 0,$(ALLOW_UNSUPPORTED)),--allow-unsupported) \
+  $(if $(FROM_SOURCE),--fairseq-from-source)
+# fairseq: the wheel, or (FAIRSEQ_FROM_SOURCE=1) its build requirements, then the source distribution compiled
+# against the torch just installed (--no-build-isolation: an isolated build would fetch another torch).
+INSTALL_FAIRSEQ = $(if $(FROM_SOURCE),$(BIN)/python -m pip install -q cython numpy setuptools wheel \
+  && $(BIN)/python -m pip install -q --no-deps --no-build-isolation --no-binary :all: "$(FAIRSEQ_SOURCE)",\
+  $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)")
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install test test-fast demo baseline gpu-check gpu-dry-run clean help
@@ -34,7 +46,8 @@ help:
 	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
 	@echo "make test-fast  the tests that train no model (pytest -m 'not slow'; minutes)"
 	@echo "make install check the platform, then create $(VENV) with torch ($(TORCH) unless present), $(FAIRSEQ) and"
-	@echo "             this package (TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU torch; README, Installing)"
+	@echo "             this package (TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU torch; README, Installing;"
+	@echo "             FAIRSEQ_FROM_SOURCE=1: fairseq compiled from $(FAIRSEQ_SOURCE), where its wheel is missing)"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 	@echo "make gpu-check STAGE=env|baseline|train|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
@@ -50,7 +63,7 @@ $(STAMP): setup.py Makefile scripts/check_platform.py
 	@$(BIN)/python -c "import torch" 2>/dev/null \
 	  && echo "torch already present: $$($(BIN)/python -c 'import torch; print(torch.__version__)')" \
 	  || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH)"
-	@$(BIN)/python -c "import fairseq" 2>/dev/null || $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)"
+	@$(BIN)/python -c "import fairseq" 2>/dev/null || { $(INSTALL_FAIRSEQ); }
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@! $(BIN)/python -m pip show -q torchaudio 2>/dev/null || { echo "torchaudio must not be installed"; exit 1; }
 	@touch $(STAMP)

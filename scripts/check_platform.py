@@ -3,7 +3,9 @@
 Run by the Makefile with $(PYTHON) (or with the existing venv's python) before anything is created, so that
 an unsupported platform is named in one line, with what to do, instead of failing deep inside pip.
 Supported: Linux x86_64 with glibc 2.28 or later (manylinux_2_28) and CPython 3.11 or 3.12, the platforms of
-the ve-fairseq 0.12.3 wheels, which has no source distribution (setup.py's python_requires says the same).
+the ve-fairseq 0.12.3 wheels (setup.py's python_requires says the same). With --fairseq-from-source (make install
+FAIRSEQ_FROM_SOURCE=1: fairseq-fixed 0.12.3.1's source distribution compiled here) also macOS and Linux on other
+machines: only torch's wheels (glibc 2.28 or later on Linux) and the Python version remain conditions.
 
 Every fact can be given explicitly (--system, --machine, --implementation, --python-version, --glibc), which
 is how tests/test_install.py checks the messages. Exit status: 0 supported (or --allow-unsupported), 1 not.
@@ -61,27 +63,34 @@ def pythons_on_path():
     return [name for name in ("python3.11", "python3.12") if on_path(name)]
 
 
-def problems(system, machine, implementation, python_version, glibc, python_name, venv):
-    """One line for each reason this platform is unsupported, each saying what to do."""
+def problems(system, machine, implementation, python_version, glibc, python_name, venv, from_source=False):
+    """One line for each reason this platform is unsupported, each saying what to do. ``from_source``
+    (make install FAIRSEQ_FROM_SOURCE=1): fairseq is compiled here, so only torch's platforms and the Python
+    version remain conditions."""
     found = []
     where = "%s %s" % (SYSTEM_NAMES.get(system, system), machine)
-    if system != SUPPORTED_SYSTEM:
-        hint = "a Linux x86_64 machine, VM or container (e.g. docker run --platform linux/amd64 -it python:3.11)"
-        hint = ("use WSL2 (its Ubuntu is Linux x86_64) or " if system == "Windows" else "use ") + hint
-        found.append("unsupported: %s - ve-fairseq 0.12.3 (the fairseq this needs) has Linux x86_64 wheels only and "
-                     "no source distribution; %s, or see %s for building fairseq from source" % (where, hint, README))
-    elif machine.lower() not in SUPPORTED_MACHINES:
-        found.append("unsupported: %s - ve-fairseq 0.12.3 (the fairseq this needs) has x86_64 wheels only and no "
-                     "source distribution; use an x86_64 machine or container, or see %s for building fairseq from "
-                     "source" % (where, README))
-    elif not glibc:
-        found.append("unsupported: Linux with a C library other than glibc (musl, e.g. Alpine) - the manylinux_2_28 "
-                     "wheels of ve-fairseq and torch need glibc 2.28 or later; use a glibc distribution or container "
-                     "(e.g. python:3.11-slim)")
-    elif version_tuple(glibc)[:2] < MIN_GLIBC:
-        found.append("unsupported: glibc %s - the manylinux_2_28 wheels of ve-fairseq and torch need glibc 2.28 or "
-                     "later; use a newer distribution (Debian 10, Ubuntu 20.04, RHEL 8 or later) or a container "
-                     "(e.g. python:3.11-slim)" % glibc)
+    build_hint = ("make install FAIRSEQ_FROM_SOURCE=1 compiles fairseq from its source distribution here (a C++ "
+                  "compiler, about 2 minutes)")
+    if system == "Windows":
+        found.append("unsupported: %s - fairseq is neither built nor tested on Windows; use WSL2 (its Ubuntu is "
+                     "Linux x86_64), then make install" % where)
+    elif system != SUPPORTED_SYSTEM:
+        if not from_source:
+            found.append("unsupported: %s - ve-fairseq 0.12.3 (the fairseq this needs) has Linux x86_64 wheels only; "
+                         "%s, or use a Linux x86_64 machine, VM or container (e.g. docker run --platform linux/amd64 "
+                         "-it python:3.11); see %s" % (where, build_hint, README))
+    else:
+        if machine.lower() not in SUPPORTED_MACHINES and not from_source:
+            found.append("unsupported: %s - ve-fairseq 0.12.3 (the fairseq this needs) has x86_64 wheels only; %s, "
+                         "or use an x86_64 machine or container; see %s" % (where, build_hint, README))
+        elif not glibc:
+            found.append("unsupported: Linux with a C library other than glibc (musl, e.g. Alpine) - the "
+                         "manylinux_2_28 wheels of torch (and ve-fairseq) need glibc 2.28 or later; use a glibc "
+                         "distribution or container (e.g. python:3.11-slim)")
+        elif version_tuple(glibc)[:2] < MIN_GLIBC:
+            found.append("unsupported: glibc %s - the manylinux_2_28 wheels of torch (and ve-fairseq) need glibc 2.28 "
+                         "or later; use a newer distribution (Debian 10, Ubuntu 20.04, RHEL 8 or later) or a "
+                         "container (e.g. python:3.11-slim)" % glibc)
     short = ".".join(python_version.split(".")[:2])
     if implementation != "CPython" or short not in SUPPORTED_PYTHONS:
         others = [name for name in pythons_on_path() if name != python_name]
@@ -92,9 +101,9 @@ def problems(system, machine, implementation, python_version, glibc, python_name
                     "then make install PYTHON=python3.11")
         if venv:
             hint = "%s was made with it: make clean, then %s" % (venv, hint)
-        found.append("unsupported: %s %s (%s) - ve-fairseq 0.12.3 has wheels for CPython %s only (setup.py: "
-                     "python_requires >=3.11,<3.13); %s" % (implementation, python_version, python_name,
-                                                            " and ".join(SUPPORTED_PYTHONS), hint))
+        found.append("unsupported: %s %s (%s) - fairseq 0.12.3 (the ve-fairseq wheels and fairseq-fixed's source) "
+                     "supports CPython %s only (setup.py: python_requires >=3.11,<3.13); %s"
+                     % (implementation, python_version, python_name, " and ".join(SUPPORTED_PYTHONS), hint))
     return found
 
 
@@ -110,14 +119,16 @@ def main(argv=None):
     parser.add_argument("--venv", default=None, help="the existing venv this interpreter belongs to, if any")
     parser.add_argument("--allow-unsupported", action="store_true",
                         help="report, but go on (make install ALLOW_UNSUPPORTED=1)")
+    parser.add_argument("--fairseq-from-source", action="store_true",
+                        help="fairseq is compiled here, not installed as a wheel (make install FAIRSEQ_FROM_SOURCE=1)")
     args = parser.parse_args(argv)
     glibc = detect_glibc() if args.glibc is None else args.glibc
     found = problems(args.system, args.machine, args.implementation, args.python_version, glibc,
-                     args.python_name, args.venv)
+                     args.python_name, args.venv, from_source=args.fairseq_from_source)
     described = "%s %s, %s %s%s" % (args.system, args.machine, args.implementation, args.python_version,
                                     ", glibc " + glibc if glibc else "")
     if not found:
-        print("platform: %s: supported" % described)
+        print("platform: %s: supported%s" % (described, ", fairseq from source" if args.fairseq_from_source else ""))
         if ".".join(args.python_version.split(".")[:2]) == "3.12":
             print("note: systran-align (the default aligner) has no Python 3.12 wheel and is left out: "
                   "fairseq-plugins align needs --backend fast_align, a fast_align you build (%s)" % README)

@@ -44,10 +44,10 @@ def test_unsupported_python_names_it_and_what_to_do(tmp_path):
     result = check(*LINUX, "--python-version", "3.10.12", path=str(tmp_path))
     assert result.returncode == 1
     lines = result.stderr.splitlines()
-    assert lines[0] == ("make install: unsupported: CPython 3.10.12 (python3) - ve-fairseq 0.12.3 has wheels for "
-                        "CPython 3.11 and 3.12 only (setup.py: python_requires >=3.11,<3.13); install one (your "
-                        "distribution's python3.11 or python3.12 with its venv module, pyenv or uv), then make "
-                        "install PYTHON=python3.11")
+    assert lines[0] == ("make install: unsupported: CPython 3.10.12 (python3) - fairseq 0.12.3 (the ve-fairseq wheels "
+                        "and fairseq-fixed's source) supports CPython 3.11 and 3.12 only (setup.py: python_requires "
+                        ">=3.11,<3.13); install one (your distribution's python3.11 or python3.12 with its venv "
+                        "module, pyenv or uv), then make install PYTHON=python3.11")
     assert lines[1].startswith("make install: stopped here, before creating or installing anything")
     assert "make install ALLOW_UNSUPPORTED=1" in lines[1]
     assert len(lines) == 2 and result.stdout == ""
@@ -72,15 +72,16 @@ def test_existing_venv_with_another_python_says_make_clean(tmp_path):
 @pytest.mark.parametrize("facts, expected", [
     (["--system", "Darwin", "--machine", "arm64", "--glibc", ""],
      "make install: unsupported: macOS arm64 - ve-fairseq 0.12.3 (the fairseq this needs) has Linux x86_64 wheels "
-     "only and no source distribution; use a Linux x86_64 machine, VM or container"),
+     "only; make install FAIRSEQ_FROM_SOURCE=1 compiles fairseq from its source distribution here (a C++ compiler, "
+     "about 2 minutes), or use a Linux x86_64 machine, VM or container"),
     (["--system", "Windows", "--machine", "AMD64", "--glibc", ""],
-     "make install: unsupported: Windows AMD64 - ve-fairseq 0.12.3 (the fairseq this needs) has Linux x86_64 wheels "
-     "only and no source distribution; use WSL2"),
+     "make install: unsupported: Windows AMD64 - fairseq is neither built nor tested on Windows; use WSL2"),
     (["--system", "Linux", "--machine", "aarch64", "--glibc", "2.36"],
-     "make install: unsupported: Linux aarch64 - ve-fairseq 0.12.3 (the fairseq this needs) has x86_64 wheels only"),
+     "make install: unsupported: Linux aarch64 - ve-fairseq 0.12.3 (the fairseq this needs) has x86_64 wheels only; "
+     "make install FAIRSEQ_FROM_SOURCE=1 compiles fairseq"),
     (["--system", "Linux", "--machine", "x86_64", "--glibc", "2.17"],
-     "make install: unsupported: glibc 2.17 - the manylinux_2_28 wheels of ve-fairseq and torch need glibc 2.28 or "
-     "later; use a newer distribution"),
+     "make install: unsupported: glibc 2.17 - the manylinux_2_28 wheels of torch (and ve-fairseq) need glibc 2.28 "
+     "or later; use a newer distribution"),
     (["--system", "Linux", "--machine", "x86_64", "--glibc", ""],
      "make install: unsupported: Linux with a C library other than glibc (musl, e.g. Alpine)"),
 ])
@@ -90,6 +91,24 @@ def test_unsupported_platforms_name_it_in_one_line(facts, expected):
     lines = result.stderr.splitlines()
     assert len(lines) == 2, result.stderr  # the one problem (the Python is fine), then how to go on anyway
     assert lines[0].startswith(expected), lines[0]
+
+
+@pytest.mark.parametrize("facts, supported", [
+    (["--system", "Darwin", "--machine", "arm64", "--glibc", ""], True),
+    (["--system", "Linux", "--machine", "aarch64", "--glibc", "2.36"], True),
+    (["--system", "Linux", "--machine", "aarch64", "--glibc", "2.17"], False),  # torch's wheels need 2.28
+    (["--system", "Linux", "--machine", "x86_64", "--glibc", ""], False),  # musl: no torch wheel
+    (["--system", "Windows", "--machine", "AMD64", "--glibc", ""], False),
+])
+def test_fairseq_from_source_leaves_only_torch_and_python_as_conditions(facts, supported):
+    result = check(*facts, "--implementation", "CPython", "--python-version", "3.11.7", "--fairseq-from-source")
+    assert (result.returncode == 0) == supported, result.stderr
+    if supported:
+        assert result.stdout.splitlines()[0].endswith(": supported, fairseq from source") and result.stderr == ""
+    else:
+        assert "FAIRSEQ_FROM_SOURCE" not in result.stderr  # not offered where it would not help
+    python = check(*facts, "--implementation", "CPython", "--python-version", "3.13.0", "--fairseq-from-source")
+    assert python.returncode == 1 and "unsupported: CPython 3.13.0" in python.stderr
 
 
 def test_every_problem_is_named():
@@ -161,3 +180,22 @@ def test_make_install_checks_the_platform_before_creating_the_venv(tmp_path):
     assert "--allow-unsupported" not in commands
     assert "--allow-unsupported" not in make_n_install(tmp_path, "ALLOW_UNSUPPORTED=0")
     assert "scripts/check_platform.py --allow-unsupported" in make_n_install(tmp_path, "ALLOW_UNSUPPORTED=1")
+
+
+def fairseq_install_line(commands):
+    [line] = [line for line in commands.splitlines() if '-c "import fairseq"' in line]
+    return line
+
+
+@needs_make
+def test_make_install_takes_the_fairseq_wheel_unless_asked_to_build_it(tmp_path):
+    wheel = fairseq_install_line(make_n_install(tmp_path))
+    assert re.search(r'pip install -q --no-deps "ve-fairseq==0\.12\.3"; }$', wheel)
+    assert "--fairseq-from-source" not in make_n_install(tmp_path, "FAIRSEQ_FROM_SOURCE=0")
+    commands = make_n_install(tmp_path, "FAIRSEQ_FROM_SOURCE=1")
+    assert "scripts/check_platform.py  --fairseq-from-source" in commands
+    built = fairseq_install_line(commands)
+    assert "ve-fairseq" not in built
+    # build requirements first, then the sdist compiled against the venv's torch (an isolated build fetches another)
+    assert re.search(r'pip install -q cython numpy setuptools wheel && \S+ -m pip install -q --no-deps '
+                     r'--no-build-isolation --no-binary :all: "fairseq-fixed==0\.12\.3\.1"; }$', built)
