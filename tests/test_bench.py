@@ -29,15 +29,37 @@ def test_batched_greedy_run_appends_and_reports(trained, tmp_path):
     # Greedy decoding is the same whatever the batching: the same translations, in the same (corpus) order.
     hypotheses = (tmp_path / "one.hyp").read_text().splitlines()
     assert len(hypotheses) == 12 and hypotheses == (tmp_path / "batched.hyp").read_text().splitlines()
-    assert first["bleu"] == batched["bleu"]
+    assert first["bleu"] == batched["bleu"] and first["split_bleu"] == batched["split_bleu"]
     assert table.read_text().count("| baseline |") == 1 and table.read_text().count("| batched |") == 1
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert batched["timing"]["sentences_timed"] == 12 and batched["timing"]["latency_sentences"] == 5
     summary = plugins_cli("report", result_path).stdout.splitlines()
     assert summary[0].split()[:5] == ["method", "BLEU", "stock", "BLEU", "dBLEU"]
     assert summary[2].startswith("batched (greedy vs stock greedy)") and summary[2].split()[-3] == "!"
-    assert [line.split(";")[0] for line in summary[5:]] == [  # (and the load, if this machine was busy)
+    assert summary[5].startswith("BLEU: on the whole split; * on the sentences timed only")
+    assert [line.split(";")[0] for line in summary[6:]] == [  # (and the load, if this machine was busy)
         "! baseline: 1 timed run(s), fewer than 3", "! batched: 1 timed run(s), fewer than 3"]
+
+
+def test_bleu_is_scored_on_the_whole_split_when_fewer_sentences_are_timed(trained, tmp_path):
+    """--limit times the first sentences; the others are decoded once, untimed, so that the BLEU quoted is the
+    whole split's: the same as a bench that times them all."""
+    limited, everything, without = tmp_path / "limited.json", tmp_path / "all.json", tmp_path / "without.json"
+    bench(trained, "--beam", 2, "--limit", 12, "--json", limited)
+    bench(trained, "--beam", 2, "--limit", 0, "--json", everything)
+    bench(trained, "--beam", 2, "--limit", 12, "--no-whole-split-bleu", "--json", without)
+    limited, everything, without = (json.loads(p.read_text()) for p in (limited, everything, without))
+    split = limited["split_bleu"]
+    assert limited["sentences"] == 12 and everything["sentences"] == split["sentences"] == 40
+    assert split["method"]["bleu"] == everything["bleu"] and split["stock"]["bleu"] == everything["baseline"]["bleu"]
+    assert split["method"]["hypothesis_length"] == everything["hypothesis_length"]
+    assert split["bleu_delta"] == round(everything["bleu"] - everything["baseline"]["bleu"], 2)
+    assert "split_bleu" not in everything and "split_bleu" not in without  # nothing left untimed / not asked
+    assert without["bleu"] == limited["bleu"]  # the timed sentences' own BLEU is unchanged
+    summary = plugins_cli("report", tmp_path / "limited.json", tmp_path / "without.json").stdout.splitlines()
+    bleu_cell = lambda line: line.split(")", 1)[1].split()[0]  # noqa: E731  (after "label (generators)")
+    assert bleu_cell(summary[1]) == f"{split['method']['bleu']:.2f}"  # quoted on the whole split
+    assert bleu_cell(summary[2]) == f"{without['bleu']:.2f}*"  # marked: the timed sentences only
 
 
 def test_raw_source_file_decodes_like_the_binarised_split(trained, tmp_path):

@@ -36,6 +36,9 @@ def results_dir(tmp_path):
         result("fast", "on a GPU", 33.9, 34.0, 4.0, device_type="cuda"),
         result("lattice", "K=16", 30.0, 33.0, 15.0),   # -3.0: within the lattice's 3.5
         result("lattice", "K=8", 29.0, 33.0, 20.0),    # -4.0: outside it
+        # -4.0 on the sentences timed, -3.4 on the whole split: the whole split's gap decides, and is shown
+        {**result("lattice", "K=12", 29.0, 33.0, 17.0),
+         "split_bleu": {"sentences": 1000, "method": {"bleu": 31.0}, "stock": {"bleu": 34.4}, "bleu_delta": -3.4}},
     ]))
     recompute = result("cnn", "length 400", 1.0, 1.0, 0.1, runs=(0.09, 0.1, 0.11))
     recompute["generator"]["description"] = "greedy, no cache"  # the method side is the uncached reference
@@ -60,7 +63,7 @@ def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_e
     assert (round(cnn["speed_ratio"], 2), round(cnn["speed_ratio_min"], 2), round(cnn["speed_ratio_max"], 2)) == \
         (10.0, 9.09, 11.11)
     # The lattice's own tolerance (its issue's target gap to beam 5).
-    assert chosen[("lattice", "cpu")] == ("fast_sweep.json", "K=16", "fastest within 3.5 BLEU of stock")
+    assert chosen[("lattice", "cpu")] == ("fast_sweep.json", "K=12", "fastest within 3.5 BLEU of stock")
 
 
 def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tmp_path):
@@ -74,6 +77,9 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
     assert "| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | 2.50x (2.50-2.50) | 1 | test CPU |" in text
     assert "[fast_sweep.json](docs/results/gpu/fast_sweep.json)" in text  # the GPU row links the GPU results
+    # a row scored on the whole split quotes that BLEU, and says on how many sentences
+    assert "| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | 17.00x (17.00-17.00) | 1 | test CPU | 10 (BLEU: 1000) |" \
+        in text
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
     assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
 

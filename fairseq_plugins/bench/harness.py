@@ -11,6 +11,7 @@ stock greedy step, also stored under ``stats``.
 The JSON schema is documented in docs/bench.md.
 """
 
+import argparse
 import ast
 import copy
 import datetime
@@ -81,6 +82,10 @@ def add_bench_parser(subparsers):
     p.add_argument("--limit", type=int, default=None,
                    help=f"decode only the first N sentences (0: all; default: {DEFAULT_LIMIT} at --batch-size 1, "
                         "all at larger batches)")
+    p.add_argument("--whole-split-bleu", action=argparse.BooleanOptionalAction, default=True,
+                   help="when --limit times fewer sentences than the split (or --source-file) has, decode the "
+                        "others too, once, untimed, at the same batch size, with both generators, and report "
+                        "BLEU on all of them as split_bleu (the speed figures stay those of the timed sentences)")
     p.add_argument("--latency-limit", type=int, default=100,
                    help="sentences timed one at a time for latency when --batch-size > 1 (0: none, no latency "
                         "figures)")
@@ -321,12 +326,17 @@ def _bleu_figures(texts: List[str], references: List[str]) -> Dict:
     }
 
 
+def _detokenized(hypotheses: Dict[int, List[int]], ids: List[int], tgt_dict, tokenizer) -> List[str]:
+    eos = tgt_dict.eos()
+    return [tokenizer.decode(tgt_dict.string(hypotheses[i], extra_symbols_to_ignore={eos})) for i in ids]
+
+
 def _figures(measurement: Measurement, latencies: List[float], ids: List[int], tgt_dict, tokenizer,
              references: List[str], generator_info: Dict) -> Tuple[Dict, List[str]]:
     """One generator's figures, and its detokenised outputs."""
     eos = tgt_dict.eos()
     hypotheses = measurement.hypotheses
-    texts = [tokenizer.decode(tgt_dict.string(hypotheses[i], extra_symbols_to_ignore={eos})) for i in ids]
+    texts = _detokenized(hypotheses, ids, tgt_dict, tokenizer)
     target_tokens = sum(len(hypotheses[i]) - (hypotheses[i][-1:] == [eos]) for i in ids)
     target_words = sum(len(text.split()) for text in texts)  # detokenised, as the papers count words
     seconds = measurement.median_run_seconds
@@ -499,11 +509,36 @@ def run_bench(args, argv):
     stats["outputs_identical_to_baseline"] = sum(method_outputs[i] == stock_outputs[i] for i in ids) / len(ids)
 
     result = _result(args, argv, device, method, stock, stats, timings, provenance)
+    if args.whole_split_bleu and len(ids) < len(dataset):
+        result["split_bleu"] = _whole_split_bleu(args, generators, dataset, ids, timings, device,
+                                                 task.target_dictionary, tokenizer, references)
     _write_outputs(args, previous + [result], method_texts)
     print(report.markdown_table([result]), end="")
     if result["speed_ratio_flagged"]:
         logger.warning("bench: %s", "; ".join(report.flag_reasons(result)))
     return result
+
+
+def _whole_split_bleu(args, generators: Generators, dataset, timed_ids: List[int], timings: Timings,
+                      device: torch.device, tgt_dict, tokenizer, references: List[str]) -> Dict:
+    """BLEU of both generators on every sentence of the split: the timed sentences' outputs as timed, the
+    others decoded once, untimed, at the same batch size (the headline BLEU is the whole split's)."""
+    from tqdm import tqdm
+
+    timed = set(timed_ids)
+    untimed = _batches(dataset, [i for i in range(len(dataset)) if i not in timed], args.batch_size, device)
+    every = list(range(len(dataset)))
+    figures = {}
+    for name, decode in generators.decoders.items():
+        hypotheses = dict(timings.measurements[name].hypotheses)
+        for batch in tqdm(untimed, desc=f"{name}: untimed sentences, for BLEU", leave=False):
+            hypotheses.update(decode(batch))
+        figures[name] = _bleu_figures(_detokenized(hypotheses, every, tgt_dict, tokenizer),
+                                      [references[i] for i in every])
+    logger.info("bench: BLEU on all %d sentences: %.2f (stock %.2f)", len(every), figures["method"]["bleu"],
+                figures["stock"]["bleu"])
+    return {"sentences": len(every), "method": figures["method"], "stock": figures["stock"],
+            "bleu_delta": round(figures["method"]["bleu"] - figures["stock"]["bleu"], 2)}
 
 
 def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings: Timings,

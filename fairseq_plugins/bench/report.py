@@ -91,18 +91,34 @@ def _flag_notes(results: List[Dict]) -> str:
     return "".join(notes)
 
 
+def headline_bleu(result: Dict) -> Dict:
+    """The BLEU a result is quoted with: on the whole split where the bench scored it (``split_bleu``: the
+    timed sentences plus the others, decoded once untimed), else on the sentences timed."""
+    split = result.get("split_bleu")
+    if split:
+        return {"bleu": split["method"]["bleu"], "stock": split["stock"]["bleu"], "delta": split["bleu_delta"],
+                "sentences": split["sentences"], "whole_split": True}
+    return {"bleu": result["bleu"], "stock": result["baseline"]["bleu"],
+            "delta": result.get("bleu_delta", result["bleu"] - result["baseline"]["bleu"]),
+            "sentences": result.get("sentences"), "whole_split": False}
+
+
 def markdown_table(results: List[Dict]) -> str:
-    """One row per generator: each method result, then the stock generator measured beside it."""
-    header = ["method", "generator", "device", "threads", "batch"] + [c[0] for c in COLUMNS] + ["speed ratio"]
+    """One row per generator: each method result, then the stock generator measured beside it. "BLEU" is on the
+    sentences timed, "BLEU all" on the whole split (when the bench scored it)."""
+    header = (["method", "generator", "device", "threads", "batch"] + [c[0] for c in COLUMNS] + ["BLEU all"]
+              + ["speed ratio"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in results:
-        for name, figures, ratio in (
-            (result.get("label") or result["method"], result, ratio_cell(result)),
-            ("stock", result["baseline"], "1.00x"),
+        split = result.get("split_bleu") or {}
+        for name, figures, whole, ratio in (
+            (result.get("label") or result["method"], result, split.get("method"), ratio_cell(result)),
+            ("stock", result["baseline"], split.get("stock"), "1.00x"),
         ):
             row = [name, figures["generator"]["description"], result["device"], str(result["threads"]),
                    str(result["batch_size"])]
-            row += [_cell(figures, key, fmt) for _, key, fmt in COLUMNS] + [ratio]
+            row += [_cell(figures, key, fmt) for _, key, fmt in COLUMNS]
+            row += [f"{whole['bleu']:.2f} ({split['sentences']})" if whole else "-", ratio]
             lines.append("| " + " | ".join(row) + " |")
     notes = _flag_notes(results)
     return "\n".join(lines) + "\n" + (f"\nSpeed ratio: {SPEED_RATIO_HEADER}.\n" + notes if results else "")
@@ -118,20 +134,21 @@ def summary_table(results: List[Dict]) -> str:
     its spread, the batch size, and what the model is."""
     rows = [("method", "BLEU", "stock BLEU", "dBLEU", "speed ratio (min-max)", "batch", "model")]
     for result in results:
-        base = result["baseline"]
+        base, bleu = result["baseline"], headline_bleu(result)
         rows.append((
             f"{result.get('label') or result['method']} ({result['generator']['description']} vs stock "
             f"{base['generator']['description']})",
-            f"{result['bleu']:.2f}",
-            f"{base['bleu']:.2f}",
-            f"{result['bleu'] - base['bleu']:+.2f}",
+            f"{bleu['bleu']:.2f}" + ("" if bleu["whole_split"] else "*"),
+            f"{bleu['stock']:.2f}",
+            f"{bleu['bleu'] - bleu['stock']:+.2f}",
             ratio_cell(result),
             str(result["batch_size"]),
             result.get("model_note") or "-",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
-    return table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\n" + _flag_notes(results)
+    return (table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\nBLEU: on the whole split; * on the sentences timed "
+            "only (a result from before the bench scored the rest, or --no-whole-split-bleu)\n" + _flag_notes(results))
 
 
 # ---- the speed figures of a summary (examples/*/summarize.py): one dict per result, a cell, notes
