@@ -15,6 +15,8 @@
 #        RANKS (1): train with this many CPU processes of one thread each (fairseq DDP over gloo), each on
 #        4096/RANKS tokens a batch, so an update still sees 4096 tokens; PORT (29511) for their rendezvous
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 RAW=${1:-../shared/data/multi30k}
 WORK=${2:-work/baseline}
 EPOCHS=${EPOCHS:-20}

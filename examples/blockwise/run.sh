@@ -36,6 +36,8 @@
 #        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json),
 #        FAST_BLOCK_SIZES ("2 4 6") and FAST_LIMIT (0 = the whole test set): the fast stage
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/blockwise}
 STAGES=${STAGES:-distill train evaluate bench fast}

@@ -30,6 +30,8 @@
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 MULTI30K=${1:-../shared/data/multi30k}
 SHAKESPEARE=${2:-../shared/data/tinyshakespeare}
 WORK=${3:-work/bytenet}

@@ -11,6 +11,8 @@
 # checkpoints (trains nothing) and measures again; `rm -rf work/demo` starts over.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=examples/tools.sh
+source examples/tools.sh  # the venv's commands on PATH (make install)
 export WORK=${WORK:-work/demo}
 export BENCH_LIMIT=${BENCH_LIMIT:-100}
 export SRC=${SRC:-en} TGT=${TGT:-de}

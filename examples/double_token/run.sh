@@ -38,6 +38,8 @@
 #        --finetune-from-model, instead of the baseline), GEN_FLAGS (decoding flags of evaluate, bench and beams, "--max-len-a 1.2 --max-len-b 10": outputs of
 #        briefly trained models that never end are cut alike for every system)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/double_token}
 STAGES=${STAGES:-train average evaluate bench beams fast ngram summary}

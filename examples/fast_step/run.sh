@@ -27,6 +27,8 @@
 #        repository's figures), DEVICE (cpu), THREADS (1),
 #        JOBS (1: the fast stage's settings one at a time; 2 on two idle cores)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/fast_step}
 STAGES=${STAGES:-lists exact fast batch devlin ctranslate2}

@@ -38,6 +38,8 @@
 #        EPOCHS is a cap; the distilled systems' plateau is of validation BLEU, lattice decoding at K, when their
 #        table exists, the others' of validation loss), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/lattice}
 STAGES=${STAGES:-distill align table train average evaluate bench ks layers fast summary}

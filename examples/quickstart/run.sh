@@ -30,6 +30,8 @@
 #        VOCAB (1000 joint SentencePiece pieces; where the training text supports fewer, the most it supports),
 #        THREADS (1: OMP_NUM_THREADS of every command)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 RAW=${1:?usage: examples/quickstart/run.sh RAW_DIR [WORK]   (env SRC, TGT, METHODS; see docs/quickstart.md)}
 WORK=${2:-work/quickstart}
 SRC=${SRC:-en}

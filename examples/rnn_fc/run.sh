@@ -42,6 +42,8 @@
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
 #        fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/rnn_fc}
 STAGES=${STAGES:-distill train average align shortlist table1 table2 baseline lists versus ctranslate2 summary}
