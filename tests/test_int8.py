@@ -214,34 +214,50 @@ def test_without_a_compiler_int8_falls_back_to_fbgemm_with_a_warning(tmp_path, m
         native.backend()
 
 
-def test_an_int8_transformer_encoder_follows_the_float32_one_and_does_not_depend_on_the_batch(backend):
+@pytest.mark.parametrize("pre_norm, activation", [(False, "relu"), (True, "gelu")])
+def test_an_int8_transformer_encoder_follows_the_float32_one_and_does_not_depend_on_the_batch(backend, pre_norm,
+                                                                                             activation):
+    """On the native backend each layer is one native call a sentence (NativeInt8Encoder): the torch int8
+    layers' products, attention and norms in C, so the same outputs to float rounding."""
     from fairseq.models.transformer import TransformerModel, base_architecture
 
     from fairseq_plugins.int8 import Int8EncoderSelfAttention, int8_encoder
+    from fairseq_plugins.int8.linear import NativeInt8Encoder
 
     torch.manual_seed(0)
     dictionary = word_dictionary()
     args = argparse.Namespace(encoder_layers=2, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
                               encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
-                              decoder_attention_heads=4, max_source_positions=64, max_target_positions=64, dropout=0.0)
+                              decoder_attention_heads=4, max_source_positions=64, max_target_positions=64, dropout=0.0,
+                              encoder_normalize_before=pre_norm, activation_fn=activation)
     base_architecture(args)
     model = TransformerModel.build_model(args, DictionaryTask(dictionary)).eval()
     encoder = int8_encoder(model.encoder)
+    layered = int8_encoder(model.encoder, native_layers=False)  # the same int8 matrices, as torch operations
+    assert isinstance(encoder, NativeInt8Encoder) == (backend == "native") and type(layered) is type(model.encoder)
     assert all(isinstance(layer.self_attn, Int8EncoderSelfAttention) and isinstance(layer.fc1, Int8Linear)
                for layer in encoder.layers)
     assert isinstance(model.encoder.layers[0].fc1, nn.Linear)  # the original is untouched
+    assert (model.encoder.layer_norm is not None) == pre_norm
     lengths = torch.tensor([7, 4, 6])
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (3, 7))
     for row, length in enumerate(lengths.tolist()):  # left-padded, as fairseq's translation task pads sources
         tokens[row, :7 - length] = dictionary.pad()
     with torch.no_grad():
         expected = model.encoder(tokens, lengths)["encoder_out"][0]
-        together = encoder(tokens, lengths)["encoder_out"][0]
+        together = encoder(tokens, lengths)
+        as_torch = layered.forward_torchscript({"src_tokens": tokens, "src_lengths": lengths})["encoder_out"][0]
         alone = [encoder(tokens[row:row + 1, 7 - length:], lengths[row:row + 1])["encoder_out"][0][:, 0]
                  for row, length in enumerate(lengths.tolist())]
+    stock = model.encoder(tokens, lengths)
+    assert sorted(together) == sorted(stock) and torch.equal(together["encoder_padding_mask"][0], tokens.eq(1))
+    assert torch.equal(together["src_lengths"][0], stock["src_lengths"][0])
+    together = together["encoder_out"][0]
     for row, length in enumerate(lengths.tolist()):
         real = together[7 - length:, row]
         # int8 rounding (a few hundredths of the largest magnitude), not another computation
         error = float((real - expected[7 - length:, row]).abs().max() / expected.abs().max())
         assert 0 < error < 0.05, error
-        torch.testing.assert_close(real, alone[row], rtol=0, atol=1e-5)
+        torch.testing.assert_close(real, as_torch[7 - length:, row], rtol=0, atol=2e-5 * float(expected.abs().max()))
+        # a sentence's output does not depend on its batch-mates (exactly, on the native layers)
+        torch.testing.assert_close(real, alone[row], rtol=0, atol=0 if backend == "native" else 1e-5)

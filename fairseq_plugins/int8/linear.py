@@ -4,7 +4,7 @@ them: ``Int8Linear`` for ``nn.Linear``, ``Int8GRU`` for a one-layer unidirection
 import contextlib
 import copy
 import warnings
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -226,9 +226,11 @@ def int8_encoder_unsupported_reason(encoder: nn.Module) -> Optional[str]:
     return None
 
 
-def int8_encoder(encoder: nn.Module) -> nn.Module:
+def int8_encoder(encoder: nn.Module, native_layers: bool = True) -> nn.Module:
     """A copy of a fairseq transformer encoder with every layer's matrices int8: the self-attention
-    (``Int8EncoderSelfAttention``) and the feed-forward block (``Int8Linear``)."""
+    (``Int8EncoderSelfAttention``) and the feed-forward block (``Int8Linear``). With ``native_layers`` and
+    where the native kernels run it (``NativeInt8Encoder.unsupported_reason``), each layer is one native call
+    per sentence instead of its torch operations: the same int8 products, the attention and layer norms in C."""
     reason = int8_encoder_unsupported_reason(encoder)
     if reason is not None:
         raise ValueError(f"int8 encoder: {reason}")
@@ -236,7 +238,92 @@ def int8_encoder(encoder: nn.Module) -> nn.Module:
     for layer in copied.layers:
         layer.self_attn = Int8EncoderSelfAttention(layer.self_attn)
         layer.fc1, layer.fc2 = Int8Linear(layer.fc1), Int8Linear(layer.fc2)
+    if native_layers and NativeInt8Encoder.unsupported_reason(copied) is None:
+        return NativeInt8Encoder(copied)
     return copied
+
+
+class NativeInt8Encoder(nn.Module):
+    """``int8_encoder``'s encoder with each layer run as one call of kernel.c's ``fp_encoder_layer`` per sentence
+    (its tokens only, so a sentence's output does not depend on its batch-mates or their padding). The
+    embeddings, the final layer norm and the output dictionary are fairseq's; at padded positions the output is
+    zero (fairseq's is never read there: the padding mask goes with it). At a sentence's 10-30 rows a layer's
+    ~25 torch operations cost about as much as its int8 products (measured: 3 layers, 15 tokens)."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        from fairseq.modules import gelu
+
+        self.encoder = encoder  # the int8 copy: embeddings, the final norm, and the path of the rare cases
+        self.runner = native.EncoderLayerRunner()
+        self.native_layers, self._kept = [], []  # the structs, and what their pointers point into
+        for layer in encoder.layers:
+            attention = layer.self_attn
+            matrices = {"qkv": attention.qkv, "self_out": attention.out, "fc1": layer.fc1.matrix,
+                        "fc2": layer.fc2.matrix}
+            structs = {name: native.int8_matrix(m.values, m.scales, m.bias, m.dim, m.vnni)
+                       for name, m in matrices.items()}
+            # float32 copies: a later .to()/.half() of the module leaves the kernel's pointers valid
+            norms = {name: copy.deepcopy(module).float() for name, module in
+                     (("self_norm", layer.self_attn_layer_norm), ("final_norm", layer.final_layer_norm))}
+            self._kept.append((matrices, norms))
+            self.native_layers.append(native.encoder_layer(structs, norms, attention.heads, attention.head_dim,
+                                                    attention.scaling, layer.normalize_before,
+                                                    gelu=layer.activation_fn is gelu))
+
+    @staticmethod
+    def unsupported_reason(encoder: nn.Module) -> Optional[str]:
+        """Why the native layers cannot run ``encoder`` (an ``int8_encoder`` copy), or None when they can."""
+        from fairseq.modules import gelu
+
+        if not native.available():
+            return "the native kernels are not built"
+        for index, layer in enumerate(encoder.layers):
+            where = f"encoder layer {index}"
+            matrices = (layer.self_attn.qkv, layer.self_attn.out, layer.fc1.matrix, layer.fc2.matrix)
+            if any(m.backend != "native" for m in matrices):
+                return f"{where}: int8 matrices on the {matrices[0].backend} backend"
+            if layer.activation_fn not in (F.relu, gelu):
+                return f"{where}: an activation other than relu or gelu"
+            if any(not isinstance(n, nn.LayerNorm) or n.weight is None or n.bias is None
+                   for n in (layer.self_attn_layer_norm, layer.final_layer_norm)):
+                return f"{where}: layer norms without affine weights"
+        return None
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                token_embeddings: Optional[Tensor] = None):
+        encoder = self.encoder
+        if return_all_hiddens or token_embeddings is not None or src_tokens.device.type != "cpu":
+            return encoder(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        padding = src_tokens.eq(encoder.padding_idx)
+        x, embedding = encoder.forward_embedding(src_tokens)
+        out = torch.zeros_like(x)
+        for row in range(x.size(0)):
+            kept = ~padding[row]
+            sentence = x[row, kept].float().contiguous()  # (its tokens, d)
+            for layer in self.native_layers:
+                self.runner(layer, sentence)
+            out[row, kept] = sentence.to(out.dtype)
+        out = out.transpose(0, 1)  # T x B x C, as fairseq's
+        if encoder.layer_norm is not None:
+            out = encoder.layer_norm(out)
+        lengths = src_tokens.ne(encoder.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {"encoder_out": [out], "encoder_padding_mask": [padding], "encoder_embedding": [embedding],
+                "encoder_states": [], "fc_results": [], "src_tokens": [], "src_lengths": [lengths]}
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The int8 copy's layers (Int8EncoderSelfAttention, Int8Linear), which the native calls compute."""
+        return self.encoder.layers
+
+    def forward_torchscript(self, net_input: Dict[str, Tensor]):
+        return self.forward(net_input["src_tokens"], net_input.get("src_lengths"))
+
+    def reorder_encoder_out(self, encoder_out, new_order: Tensor):
+        return self.encoder.reorder_encoder_out(encoder_out, new_order)
+
+    def max_positions(self):
+        return self.encoder.max_positions()
 
 
 def _convertible(name: str, module: nn.Module) -> bool:

@@ -110,6 +110,8 @@ def available() -> bool:
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
                                                       pointer, size, size]
             library.fp_decoder_layer_step.restype = None
+            library.fp_encoder_layer.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer, pointer]
+            library.fp_encoder_layer.restype = None
             library.fp_lattice_beam_search.argtypes = [pointer, pointer, pointer, pointer, size, size, size, size,
                                                        size, size, pointer, pointer, pointer]
             library.fp_lattice_beam_search.restype = ctypes.c_int
@@ -197,6 +199,52 @@ def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, no
     # a step calls the stepper once a layer.
     layer.widest_input = max(matrices[name].width for name in LAYER_MATRICES)
     return layer
+
+
+ENCODER_LAYER_MATRICES = ("qkv", "self_out", "fc1", "fc2")
+ENCODER_LAYER_NORMS = ("self_norm", "final_norm")
+
+
+def encoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, normalize_before: bool,
+                  gelu: bool) -> DecoderLayer:
+    """The fp_layer of an encoder layer for ``fp_encoder_layer``: ``decoder_layer`` without the cross-attention
+    (ENCODER_LAYER_MATRICES and ENCODER_LAYER_NORMS; the others stay NULL, never read)."""
+    layer = DecoderLayer(heads=heads, head_dim=head_dim, scaling=scaling, normalize_before=int(normalize_before),
+                         gelu=int(gelu))
+    for name in ENCODER_LAYER_MATRICES:
+        setattr(layer, name, matrices[name])
+    for name in ENCODER_LAYER_NORMS:
+        norm = norms[name]
+        setattr(layer, f"{name}_weight", norm.weight.data_ptr())
+        setattr(layer, f"{name}_bias", norm.bias.data_ptr())
+        setattr(layer, f"{name}_eps", norm.eps)
+    layer.widest_input = max(matrices[name].width for name in ENCODER_LAYER_MATRICES)
+    return layer
+
+
+class EncoderLayerRunner:
+    """Runs ``fp_encoder_layer`` on one sentence's rows, with scratch buffers that grow with its length."""
+
+    def __init__(self):
+        self.scratch = torch.empty(0)
+        self.quantized = torch.empty(0, dtype=torch.int8)
+        self.row_scales = torch.empty(0)
+
+    def __call__(self, layer: DecoderLayer, x: Tensor) -> None:
+        """x (S, d) float32 contiguous: one sentence's S positions (no padding), updated in place."""
+        length, d, ffn = x.size(0), layer.heads * layer.head_dim, layer.fc1.out
+        if not (x.dtype == torch.float32 and x.dim() == 2 and x.size(1) == d and x.is_contiguous()
+                and x.device.type == "cpu"):  # the C code trusts the shape: a mismatch would not raise
+            raise ValueError("fp_encoder_layer: x must be a contiguous float32 CPU tensor (positions, d)")
+        need = length * (5 * d + ffn) + length
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(2 * need)
+        if self.quantized.numel() < length * layer.widest_input:
+            self.quantized = torch.empty(2 * length * layer.widest_input, dtype=torch.int8)
+        if self.row_scales.numel() < length:
+            self.row_scales = torch.empty(2 * length)
+        _library.fp_encoder_layer(ctypes.byref(layer), x.data_ptr(), length, self.scratch.data_ptr(),
+                                  self.quantized.data_ptr(), self.row_scales.data_ptr())
 
 
 class LayerStepper:

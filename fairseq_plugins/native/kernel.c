@@ -393,6 +393,23 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 }
 
+/* A layer's feed-forward sublayer on x (M, D) in place, with its residual and layer norm (residual: M * D
+ * floats, hidden: M * ffn floats of scratch). */
+static void feed_forward(const fp_layer *L, float *x, int64_t M, float *residual, float *hidden, int8_t *qbuf,
+                         float *sbuf) {
+    const int64_t D = L->heads * L->head_dim, F = L->fc1.out;
+    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+    matrix_product(&L->fc1, x, M, hidden, qbuf, sbuf);
+    for (int64_t i = 0; i < M * F; ++i) {
+        const float h = hidden[i];
+        hidden[i] = L->gelu ? 0.5f * h * (1.0f + erff(h * 0.70710678118654752f)) : (h > 0.0f ? h : 0.0f);
+    }
+    matrix_product(&L->fc2, hidden, M, x, qbuf, sbuf);
+    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+}
+
 /* Arithmetic as fairseq's TransformerDecoderLayer in eval mode; the matrices int8 or float32 (each its own).
  * x (M, D) in place. The rows are M / group hypotheses, each feeding `group` new consecutive positions
  * t .. t + group - 1 (row m: hypothesis m / group, position t + m % group). group 1: one position a hypothesis
@@ -445,17 +462,29 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
     for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
     if (!L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
-    /* feed-forward */
-    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
-    if (L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
-    matrix_product(&L->fc1, x, M, hidden, qbuf, sbuf);
-    for (int64_t i = 0; i < M * F; ++i) {
-        const float h = hidden[i];
-        hidden[i] = L->gelu ? 0.5f * h * (1.0f + erff(h * 0.70710678118654752f)) : (h > 0.0f ? h : 0.0f);
-    }
-    matrix_product(&L->fc2, hidden, M, x, qbuf, sbuf);
-    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
-    if (!L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+    feed_forward(L, x, M, residual, hidden, qbuf, sbuf);
+}
+
+/* One fairseq TransformerEncoderLayer in eval mode over one sentence: x (S, D), its S tokens (no padding), in
+ * place; every position attends to all S. The cross-attention members of L are not read. scratch: room for
+ * S * (5 D + ffn) + S floats; qbuf: S * max(width) bytes; sbuf: S floats. At a sentence's few rows the ~25
+ * torch operations of a layer cost as much as its int8 arithmetic (the encoder of the fast step and of the
+ * lattice decoder). */
+void fp_encoder_layer(const fp_layer *L, float *x, int64_t S, float *scratch, int8_t *qbuf, float *sbuf) {
+    const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
+    float *residual = scratch, *qkv = residual + S * D, *context = qkv + 3 * S * D, *hidden = context + S * D;
+    float *scores = hidden + S * F;
+    for (int64_t i = 0; i < S * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, S, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    matrix_product(&L->qkv, x, S, qkv, qbuf, sbuf);
+    for (int64_t m = 0; m < S; ++m)
+        for (int64_t h = 0; h < H; ++h)  /* keys and values read in place: rows 3 D apart */
+            attend(qkv + m * 3 * D + h * hd, qkv + D + h * hd, qkv + 2 * D + h * hd, S, 3 * D, hd, L->scaling, NULL,
+                   scores, context + m * D + h * hd);
+    matrix_product(&L->self_out, context, S, x, qbuf, sbuf);
+    for (int64_t i = 0; i < S * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, S, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    feed_forward(L, x, S, residual, hidden, qbuf, sbuf);
 }
 
 /* Beam search over one scored lattice under a no-repeat-n-gram rule: lattice/viterbi.py's
