@@ -3,8 +3,8 @@
 Two backends write the same Pharaoh ``i-j`` lines (source position i, target position j, 0-based):
 
 - ``systran`` (default): systran-align, the fast_align library in a pip wheel. It trains fast_align's
-  forward and reverse models (diagonal tension 4) and symmetrises with grow-diag-final-and, as the
-  command-line recipe below does; nothing to build. Run on one OpenMP thread: reproducible output.
+  forward and reverse models with the command-line recipe's settings below (favour the diagonal, optimise its
+  tension, variational Bayes: ``-d -o -v``) and symmetrises with grow-diag-final-and; nothing to build. Run on one OpenMP thread: reproducible output.
   ``--lexical-table`` decodes the forward model's binary table into fast_align's ``-p`` text format.
 - ``fast_align``: a user-built fast_align driven by subprocess, the recipe of its README: forward
   ``-d -o -v``, reverse ``-d -o -v -r``, ``atools -c grow-diag-final-and``; ``--lexical-table`` keeps the
@@ -100,7 +100,11 @@ def _align_systran(corpus: str, source: Sequence[str], target: Sequence[str], sc
     forward, backward = os.path.join(scratch, "forward.probs"), os.path.join(scratch, "backward.probs")
     with _single_openmp_thread():
         with _step(bar, f"EM training, both directions, {iterations} iterations"):
-            systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations)
+            # fast_align's recommended -d -o -v (the fast_align backend's flags): favour the diagonal, optimise
+            # its tension, a sparse (variational Bayes) lexical prior; the library's defaults are all off.
+            systran_align.generate_alignment_probabilities(corpus, forward, backward, iterations=iterations,
+                                                           favor_diagonal=True, optimize_tension=True,
+                                                           variational_bayes=True)
         with _step(bar, "aligning"):
             aligner = systran_align.Aligner(forward, backward)
             alignments = []
