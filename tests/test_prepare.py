@@ -59,6 +59,20 @@ def test_sentencepiece_prepare_writes_the_documented_layout(tiny_raw, tmp_path):
             assert data.tokenizer("tgt").decode(pieces.rstrip("\n")) == line.rstrip("\n")
 
 
+def test_preparing_twice_in_one_process_leaves_no_log_file_handler_behind(tiny_raw, tmp_path):
+    """fairseq-preprocess adds a handler for bin/preprocess.log at every call and never removes it."""
+    import logging
+
+    log = logging.getLogger("fairseq_cli.preprocess")
+    before = list(log.handlers)
+    for name in ("one", "two"):
+        prepare(tiny_raw, str(tmp_path / name), "src", "tgt", vocab_size=60)
+        assert log.handlers == before
+    first, second = ((tmp_path / name / "bin" / "preprocess.log").read_text() for name in ("one", "two"))
+    assert "one" in first and "two" not in first  # the second call's logs did not reach the first file
+    assert "two" in second
+
+
 def test_separate_sentencepiece_models_and_dictionaries(tiny_raw, tmp_path):
     out = str(tmp_path / "prep")
     prepare(tiny_raw, out, "src", "tgt", vocab_size=60, joint=False)

@@ -222,19 +222,22 @@ def _tokenize_and_binarize(build_dir: str, texts: Dict[str, Dict[str, List[str]]
 @contextlib.contextmanager
 def _preprocess_log_kept() -> Iterator[None]:
     """fairseq-preprocess writes bin/preprocess.log (dictionary sizes, <unk> rates) through its INFO logs: keep
-    them for that file when the command is quiet (WARNING), without letting them through to stderr."""
+    them for that file when the command is quiet (WARNING), without letting them through to stderr. The file
+    handler fairseq-preprocess adds for it is closed and removed afterwards (it never removes it: every call in
+    one process would add one more, each holding its file open and getting every later call's logs)."""
     log = logging.getLogger("fairseq_cli.preprocess")
-    if log.isEnabledFor(logging.INFO):  # -v: they go to stderr too, as fairseq-preprocess shows them
-        yield
-        return
-    level, propagate = log.level, log.propagate
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    level, propagate, handlers = log.level, log.propagate, list(log.handlers)
+    if not log.isEnabledFor(logging.INFO):  # with -v they go to stderr too, as fairseq-preprocess shows them
+        log.setLevel(logging.INFO)
+        log.propagate = False
     try:
         yield
     finally:
         log.setLevel(level)
         log.propagate = propagate
+        for handler in [h for h in log.handlers if h not in handlers]:
+            log.removeHandler(handler)
+            handler.close()
 
 
 def _write_manifest(build_dir: str, manifest: Dict) -> None:
