@@ -28,14 +28,14 @@ TRAIN_THREADS = os.environ.get("OMP_NUM_THREADS", "2")
 
 # Fixtures that prepare data or train a model (a minute or more each on 2 cores). A test that needs one,
 # directly or through another fixture, is marked ``slow``: `make test-fast` (pytest -m "not slow") runs the others.
-TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}
+TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}  # (and every fixture named *_trained or *_system)
 
 
 def pytest_collection_modifyitems(config, items):
     cuda_available = None  # asked once, and only if a test needs a device
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if names & TRAINING_FIXTURES or any(name.endswith("_trained") for name in names):
+        if names & TRAINING_FIXTURES or any(name.endswith(("_trained", "_system")) for name in names):
             item.add_marker(pytest.mark.slow)
         # Tests marked ``cuda`` (tests/test_cuda.py) are skipped, with the reason, where torch sees no device.
         if item.get_closest_marker("cuda") is not None:
@@ -257,6 +257,49 @@ def lattice_system(prepared, tmp_path_factory):
                 "table": str(directory / "table.pt")}
 
     return once_per_session(tmp_path_factory, "lattice", build)
+
+
+# The blockwise heads' training flags: conftest's, with the blockwise task, model and criterion.
+BLOCKWISE_TRAIN_FLAGS = train_flags("blockwise_translation", "blockwise_transformer_tiny",
+                                    criterion="blockwise_label_smoothed_cross_entropy", lr="3e-3")
+BLOCKWISE_HEADS = 4
+
+
+@pytest.fixture(scope="session")
+def blockwise_system(trained, tmp_path_factory):
+    """Proposal heads (BLOCKWISE_HEADS, one FFN each) trained on the frozen tiny baseline (the paper's 'regular'
+    setting), the checkpoint chosen on the heads' mean validation accuracy, as examples/blockwise/run.sh does."""
+    def build(directory):
+        save_dir = train_tiny(os.path.join(trained["data"], "bin"), str(directory / "checkpoints"),
+                              BLOCKWISE_TRAIN_FLAGS, "--blockwise-heads", BLOCKWISE_HEADS,
+                              "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
+                              "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
+                              "--maximize-best-checkpoint-metric", "--patience", 3, "--max-epoch", 8)
+        return {"checkpoints": save_dir, "checkpoint": os.path.join(save_dir, "checkpoint_best.pt")}
+
+    return once_per_session(tmp_path_factory, "blockwise", build)
+
+
+def train_double_token(data, save_dir, order, per_step, *extra):
+    """A tiny double_token_transformer through fairseq-train; returns its best checkpoint and the training log."""
+    proc = run("fairseq_cli.train", os.path.join(data, "bin"),
+               *train_flags("double_token_translation", "double_token_transformer_tiny"), "--token-order", order,
+               "--tokens-per-step", per_step, "--max-epoch", 12, "--save-dir", save_dir, *extra,
+               env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    return os.path.join(save_dir, "checkpoint_best.pt"), proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def double_token_bidir_system(prepared, tmp_path_factory):
+    """The paper's bidirectional double-token system (bidir-2), validation BLEU logged (--eval-bleu)."""
+    def build(directory):
+        checkpoint, log = train_double_token(prepared, str(directory / "checkpoints"), "bidir", 2, "--eval-bleu",
+                                             "--eval-bleu-remove-bpe", "sentencepiece")
+        (directory / "train.log").write_text(log)
+        return {"checkpoints": os.path.dirname(checkpoint), "checkpoint": checkpoint,
+                "log": str(directory / "train.log")}
+
+    return once_per_session(tmp_path_factory, "double_token_bidir", build)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import (BLOCKWISE_HEADS, BLOCKWISE_TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch,
+                      run, train_flags, word_dictionary)
 from fairseq_plugins.blockwise.criterion import BlockwiseLabelSmoothedCrossEntropyCriterion
 from fairseq_plugins.blockwise.fast_step import FastProposalHeads
 from fairseq_plugins.blockwise.generator import BlockwiseGenerator
@@ -21,7 +22,7 @@ from fairseq_plugins.blockwise.model import (
     blockwise_transformer_tiny,
 )
 
-HEADS = 4
+HEADS = BLOCKWISE_HEADS  # the trained system's; the untrained models' too
 
 
 def random_model(seed=0, heads=HEADS, learned_first_head=False, std=0.3, layout="joint"):
@@ -367,27 +368,10 @@ def test_criterion_scores_each_head_against_the_target_shifted_by_its_offset(voc
 
 # --- through fairseq-train and fairseq-generate -------------------------------------------------------------
 
-def blockwise_train_flags():
-    """The tiny training flags (conftest.TRAIN_FLAGS) for blockwise heads: its task, model and criterion."""
-    flags = list(TRAIN_FLAGS)
-    flags[flags.index("--task") + 1] = "blockwise_translation"
-    flags[flags.index("--arch") + 1] = "blockwise_transformer_tiny"
-    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
-    flags[flags.index("--lr") + 1] = "3e-3"
-    return flags
-
-
 @pytest.fixture(scope="module")
-def blockwise_trained(trained, tmp_path_factory):
-    """Proposal heads (one FFN each) trained on the frozen tiny baseline (the paper's 'regular' setting), the
-    checkpoint chosen on the heads' mean validation accuracy, as examples/blockwise/run.sh does."""
-    save_dir = str(tmp_path_factory.mktemp("blockwise"))
-    run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *blockwise_train_flags(),
-        "--blockwise-heads", HEADS, "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
-        "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
-        "--maximize-best-checkpoint-metric", "--patience", 3,
-        "--max-epoch", 8, "--save-dir", save_dir, env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return {**trained, "blockwise": os.path.join(save_dir, "checkpoint_best.pt")}
+def blockwise_trained(trained, blockwise_system):
+    """The tiny baseline and its proposal heads (conftest.blockwise_system, trained once a session)."""
+    return {**trained, "blockwise": blockwise_system["checkpoint"]}
 
 
 def generate(data, checkpoint, *flags, check=True):
@@ -436,7 +420,7 @@ def test_a_learned_first_head_trains_and_decodes_exactly_through_fairseq_generat
     so the checkpoint's greedy output is no longer the base's; exact blockwise decoding (plain and on the fast
     step) through fairseq-generate is stock greedy on that checkpoint, sentence by sentence."""
     data = blockwise_trained["data"]
-    run("fairseq_cli.train", os.path.join(data, "bin"), *blockwise_train_flags(), "--blockwise-heads", HEADS,
+    run("fairseq_cli.train", os.path.join(data, "bin"), *BLOCKWISE_TRAIN_FLAGS, "--blockwise-heads", HEADS,
         "--blockwise-learned-first-head", "--blockwise-base-checkpoint", blockwise_trained["checkpoint"],
         "--blockwise-freeze-base", "--blockwise-head-layout", "separate", "--max-epoch", 2,
         "--save-dir", tmp_path, "--no-epoch-checkpoints", env={"OMP_NUM_THREADS": TRAIN_THREADS})
@@ -520,10 +504,9 @@ def test_bad_flags_and_checkpoints_are_clear_errors(blockwise_trained, which, fl
 
 
 def test_warm_start_from_a_missing_or_mismatched_checkpoint_is_a_clear_error(trained, tmp_path):
-    flags = [f for f in TRAIN_FLAGS]
-    flags[flags.index("--task") + 1] = "blockwise_translation"
-    flags[flags.index("--criterion") + 1] = "blockwise_label_smoothed_cross_entropy"
-    flags[flags.index("--arch") + 1] = "blockwise_transformer_multi30k"  # 256-d: the tiny base does not fit
+    # 256-d: the tiny base does not fit
+    flags = train_flags("blockwise_translation", "blockwise_transformer_multi30k",
+                        criterion="blockwise_label_smoothed_cross_entropy")
     for base, message in ((trained["checkpoint"], "not a model this one can start from"),
                           (str(tmp_path / "none.pt"), "none.pt: no such file")):
         proc = run("fairseq_cli.train", os.path.join(trained["data"], "bin"), *flags, "--max-epoch", 1,

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairseq_plugins  # noqa: F401  (registers the plugins)
-from conftest import (TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, incremental_and_full, plugins_cli, random_batch, run,
+from conftest import (DictionaryTask, incremental_and_full, plugins_cli, random_batch, run, train_double_token,
                       word_dictionary)
 from fairseq_plugins.double_token.folding import FoldedTargetDataset, fold, unfold, unfold_indices
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
@@ -451,24 +451,16 @@ def test_ngram_precision_cli_table_and_errors(tmp_path):
 
 # --- end to end through fairseq-train / fairseq-generate ------------------------------------------------------
 
-def train(data, save_dir, order, per_step, *extra):
-    """Train a tiny double_token_transformer with fairseq-train; returns its checkpoint and the training log."""
-    flags = list(TRAIN_FLAGS)
-    flags[flags.index("--task") + 1] = "double_token_translation"
-    flags[flags.index("--arch") + 1] = "double_token_transformer_tiny"
-    proc = run("fairseq_cli.train", os.path.join(data, "bin"), *flags, "--token-order", order, "--tokens-per-step",
-               per_step, "--max-epoch", 12, "--save-dir", save_dir, *extra, env={"OMP_NUM_THREADS": TRAIN_THREADS})
-    return os.path.join(save_dir, "checkpoint_best.pt"), proc.stdout + proc.stderr
-
-
 @pytest.fixture(scope="module")
-def double_token_trained(prepared, tmp_path_factory):
-    """Three tiny systems: the paper's bidirectional one, single-token R2L and single-token L2R (stock)."""
-    bidir, bidir_log = train(prepared, str(tmp_path_factory.mktemp("bidir")), "bidir", 2, "--eval-bleu",
-                             "--eval-bleu-remove-bpe", "sentencepiece")
-    r2l, _ = train(prepared, str(tmp_path_factory.mktemp("r2l")), "r2l", 1)
-    l2r, _ = train(prepared, str(tmp_path_factory.mktemp("l2r")), "l2r", 1)
-    return {"data": prepared, "bidir": bidir, "bidir_log": bidir_log, "r2l": r2l, "l2r": l2r}
+def double_token_trained(prepared, double_token_bidir_system, tmp_path_factory):
+    """Three tiny systems: the paper's bidirectional one (conftest's, trained once a session), single-token R2L
+    and single-token L2R (stock)."""
+    r2l, _ = train_double_token(prepared, str(tmp_path_factory.mktemp("r2l")), "r2l", 1)
+    l2r, _ = train_double_token(prepared, str(tmp_path_factory.mktemp("l2r")), "l2r", 1)
+    with open(double_token_bidir_system["log"], encoding="utf-8") as f:
+        bidir_log = f.read()
+    return {"data": prepared, "bidir": double_token_bidir_system["checkpoint"], "bidir_log": bidir_log, "r2l": r2l,
+            "l2r": l2r}
 
 
 def generate(data, checkpoint, *flags, check=True):

@@ -138,24 +138,13 @@ def ends_sentences(translations):
 # --- tiny models (the recipes of the methods' own test modules) ----------------------------------------------
 
 @pytest.fixture(scope="module")
-def blockwise_trained(trained, tmp_path_factory):
-    """Proposal heads trained on the frozen tiny baseline (tests/test_blockwise.py's recipe)."""
-    save_dir = str(tmp_path_factory.mktemp("hub_blockwise"))
-    flags = train_flags("blockwise_translation", "blockwise_transformer_tiny",
-                        criterion="blockwise_label_smoothed_cross_entropy", lr="3e-3")
-    return train_tiny(os.path.join(trained["data"], "bin"), save_dir, flags, "--blockwise-heads", 3,
-                      "--blockwise-base-checkpoint", trained["checkpoint"], "--blockwise-freeze-base",
-                      "--blockwise-head-layout", "separate", "--best-checkpoint-metric", "proposal_accuracy",
-                      "--maximize-best-checkpoint-metric", "--patience", 3, "--max-epoch", 8)
+def blockwise_trained(blockwise_system):
+    return blockwise_system["checkpoints"]
 
 
 @pytest.fixture(scope="module")
-def double_token_trained(prepared, tmp_path_factory):
-    """The paper's bidirectional double-token system (tests/test_double_token.py's recipe)."""
-    save_dir = str(tmp_path_factory.mktemp("hub_double_token"))
-    return train_tiny(os.path.join(prepared, "bin"), save_dir,
-                      train_flags("double_token_translation", "double_token_transformer_tiny"),
-                      "--token-order", "bidir", "--tokens-per-step", 2, "--max-epoch", 12)
+def double_token_trained(double_token_bidir_system):
+    return double_token_bidir_system["checkpoints"]
 
 
 def write_copy_corpus(directory, seed=3, alphabet="abcdefghijkl "):
