@@ -18,8 +18,8 @@ TORCH_INDEX ?=
 ALLOW_UNSUPPORTED ?=
 FAIRSEQ   ?= ve-fairseq==0.12.3
 # 1: build fairseq from a source distribution (FAIRSEQ_SOURCE, compiled here: a C++ compiler, ~2 min) instead of
-# installing the $(FAIRSEQ) wheel, which exists for Linux x86_64 only. The platform check then only asks for
-# CPython 3.11 or 3.12.
+# installing the $(FAIRSEQ) wheel, which exists for Linux x86_64 only. The platform check then asks only for
+# CPython 3.11 or 3.12 and a platform torch has wheels for (macOS arm64; Linux with glibc 2.28 or later).
 FAIRSEQ_FROM_SOURCE ?=
 FAIRSEQ_SOURCE ?= fairseq-fixed==0.12.3.1
 DATA      ?=

@@ -4,8 +4,9 @@ Run by the Makefile with $(PYTHON) (or with the existing venv's python) before a
 an unsupported platform is named in one line, with what to do, instead of failing deep inside pip.
 Supported: Linux x86_64 with glibc 2.28 or later (manylinux_2_28) and CPython 3.11 or 3.12, the platforms of
 the ve-fairseq 0.12.3 wheels (setup.py's python_requires says the same). With --fairseq-from-source (make install
-FAIRSEQ_FROM_SOURCE=1: fairseq-fixed 0.12.3.1's source distribution compiled here) also macOS and Linux on other
-machines: only torch's wheels (glibc 2.28 or later on Linux) and the Python version remain conditions.
+FAIRSEQ_FROM_SOURCE=1: fairseq-fixed 0.12.3.1's source distribution compiled here) also macOS on arm64 and Linux on
+other machines: only torch's wheels (macOS arm64; glibc 2.28 or later on Linux) and the Python version remain
+conditions.
 
 Every fact can be given explicitly (--system, --machine, --implementation, --python-version, --glibc), which
 is how tests/test_install.py checks the messages. Exit status: 0 supported (or --allow-unsupported), 1 not.
@@ -74,6 +75,10 @@ def problems(system, machine, implementation, python_version, glibc, python_name
     if system == "Windows":
         found.append("unsupported: %s - fairseq is neither built nor tested on Windows; use WSL2 (its Ubuntu is "
                      "Linux x86_64), then make install" % where)
+    elif system == "Darwin" and from_source and machine.lower() not in ("arm64", "aarch64"):
+        found.append("unsupported: %s - torch 2.13 has no wheel for Intel macs (macOS arm64 only); use a Linux "
+                     "x86_64 machine, VM or container (e.g. docker run --platform linux/amd64 -it python:3.11)"
+                     % where)
     elif system != SUPPORTED_SYSTEM:
         if not from_source:
             found.append("unsupported: %s - ve-fairseq 0.12.3 (the fairseq this needs) has Linux x86_64 wheels only; "

@@ -95,6 +95,7 @@ def test_unsupported_platforms_name_it_in_one_line(facts, expected):
 
 @pytest.mark.parametrize("facts, supported", [
     (["--system", "Darwin", "--machine", "arm64", "--glibc", ""], True),
+    (["--system", "Darwin", "--machine", "x86_64", "--glibc", ""], False),  # no torch wheel for Intel macs
     (["--system", "Linux", "--machine", "aarch64", "--glibc", "2.36"], True),
     (["--system", "Linux", "--machine", "aarch64", "--glibc", "2.17"], False),  # torch's wheels need 2.28
     (["--system", "Linux", "--machine", "x86_64", "--glibc", ""], False),  # musl: no torch wheel

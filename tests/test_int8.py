@@ -261,3 +261,18 @@ def test_an_int8_transformer_encoder_follows_the_float32_one_and_does_not_depend
         torch.testing.assert_close(real, as_torch[7 - length:, row], rtol=0, atol=2e-5 * float(expected.abs().max()))
         # a sentence's output does not depend on its batch-mates (exactly, on the native layers)
         torch.testing.assert_close(real, alone[row], rtol=0, atol=0 if backend == "native" else 1e-5)
+    if backend == "native":
+        import copy
+        import pickle
+
+        # a copy or a pickled one rebuilds its native structs from its own tensors: the original can go
+        copies = [copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))]
+        del encoder
+        for copied in copies:
+            assert isinstance(copied, NativeInt8Encoder) and not copied.training
+            assert copied.padding_idx == dictionary.pad() and copied.embed_tokens.num_embeddings == len(dictionary)
+            with torch.no_grad():
+                output = copied(tokens, lengths)["encoder_out"][0]
+            assert output.is_contiguous() and torch.equal(output, together)
+        copies[0].train()  # training runs the torch layers (dropout, gradients): not the native ones
+        assert not torch.equal(copies[0](tokens, lengths)["encoder_out"][0], together)

@@ -65,12 +65,12 @@ def test_preparing_twice_in_one_process_leaves_no_log_file_handler_behind(tiny_r
 
     log = logging.getLogger("fairseq_cli.preprocess")
     before = list(log.handlers)
-    for name in ("one", "two"):
+    for name in ("alpha", "beta"):
         prepare(tiny_raw, str(tmp_path / name), "src", "tgt", vocab_size=60)
         assert log.handlers == before
-    first, second = ((tmp_path / name / "bin" / "preprocess.log").read_text() for name in ("one", "two"))
-    assert "one" in first and "two" not in first  # the second call's logs did not reach the first file
-    assert "two" in second
+    first, second = ((tmp_path / name / "bin" / "preprocess.log").read_text() for name in ("alpha", "beta"))
+    assert "alpha" in first and "beta" not in first  # the second call's logs did not reach the first file
+    assert "beta" in second
 
 
 def test_separate_sentencepiece_models_and_dictionaries(tiny_raw, tmp_path):

@@ -47,13 +47,20 @@ def test_an_active_venv_comes_first(tmp_path):
     assert found.stdout.split() == [str(own / "fairseq-plugins"), f"{own}:{BARE_PATH}"]
 
 
-@pytest.mark.parametrize("recipe", sorted(
-    path for path in glob.glob(os.path.join(REPO, "examples", "*", "run.sh")) if "/gpu/" not in path))
-def test_every_recipe_sources_it_before_its_first_command(recipe):
-    """(The GPU kit installs its own wheels on the device first: not it.)"""
+def scripts():
+    """Every script a user may run: the executable .sh files under examples/ (not the sourced helpers), but the
+    GPU kit's, which installs its own wheels on the device first."""
+    for path in sorted(glob.glob(os.path.join(REPO, "examples", "*", "*.sh"))):
+        with open(path, encoding="utf-8") as f:
+            if f.readline().startswith("#!") and "/gpu/" not in path:
+                yield path
+
+
+@pytest.mark.parametrize("recipe", list(scripts()))
+def test_every_script_sources_it_before_its_first_command(recipe):
+    """Only its shell options (and a change of directory) come before it."""
     with open(recipe, encoding="utf-8") as f:
-        lines = [line for line in f.read().splitlines() if not line.lstrip().startswith("#")]
+        lines = [line for line in f.read().splitlines() if line.strip() and not line.lstrip().startswith("#")]
     sourced = next(i for i, line in enumerate(lines) if re.match(r'source "?(\$\(dirname "\$0"\)/\.\./|examples/)'
                                                                  r'tools\.sh', line))
-    first_command = next(i for i, line in enumerate(lines) if re.search(r"\bfairseq-|\bpython3? ", line))
-    assert sourced < first_command, lines[first_command]
+    assert all(re.match(r"(set|cd) ", line) for line in lines[:sourced]), lines[:sourced]

@@ -3,6 +3,8 @@
 # every warm-started method builds on, decode the test set with fairseq-generate + sacrebleu, and a
 # calibration bench (the stock generator against itself: the ratio shows the measurement's noise, ~1.00x).
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 case $1 in
   prepare)

@@ -2,6 +2,8 @@
 # Blockwise steps of `make demo` (examples/demo/steps.mk): 4 proposal heads trained on the frozen demo
 # baseline for about two minutes, then exact blockwise decoding against stock greedy on the same model.
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 case $1 in
   train)

@@ -3,6 +3,8 @@
 # for about two minutes; then its cached decoder (fairseq's generator with the model's incremental state)
 # against fairseq's path for a decoder without a cache (the whole prefix at every step), same model, greedy.
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 case $1 in
   train)

@@ -2,6 +2,8 @@
 # `make demo` step: one alignment of the demo's training text (systran-align) with its lexical table, used by
 # the lattice candidate tables and by rnn_fc's candidate lists.
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 read -r SRC TGT < <(data_langs)
 say "align the training text (systran-align) with its lexical table"

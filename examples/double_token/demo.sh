@@ -4,6 +4,8 @@
 # positions from its sinusoidal table) and fine-tuned for about two minutes; then DoubleTopK beam search on
 # bidir-2 against fairseq's beam search on the demo baseline, the model it changes, in the same run.
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 case $1 in
   train)

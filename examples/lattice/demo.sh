@@ -4,6 +4,8 @@
 # (--lattice-base-checkpoint) trained for about two minutes, then lattice decoding against the demo baseline
 # at beam 5 in the same run.
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 read -r SRC TGT < <(data_langs)
 case $1 in

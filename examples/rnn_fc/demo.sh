@@ -4,6 +4,8 @@
 # matrices and candidate lists from the demo's lexical table. (The rnn_fc model itself needs far longer than a
 # demo's minutes to translate: docs/rnn_fc.md.)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 source examples/demo/lib.sh
 read -r SRC TGT < <(data_langs)
 case $1 in

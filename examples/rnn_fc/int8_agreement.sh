@@ -6,6 +6,8 @@
 #   env: SRC (en), TGT (de): the language suffixes of BASELINE_WORK's data;
 #        RESULTS (BASELINE_WORK/int8_agreement/results; RESULTS=docs/results writes the repository's figure)
 set -euo pipefail
+# shellcheck source=examples/tools.sh
+source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=$BASE/int8_agreement
 RESULTS=${RESULTS:-$WORK/results}

@@ -140,7 +140,7 @@ def summary_table(results: List[Dict]) -> str:
             f"{base['generator']['description']})",
             f"{bleu['bleu']:.2f}" + ("" if bleu["whole_split"] else "*"),
             f"{bleu['stock']:.2f}",
-            f"{bleu['bleu'] - bleu['stock']:+.2f}",
+            f"{bleu['delta']:+.2f}",
             ratio_cell(result),
             str(result["batch_size"]),
             result.get("model_note") or "-",

@@ -36,14 +36,16 @@ def layer_count(state: dict, prefix: str) -> int:
 
 def warm_start(model, path: str, flag: str, required: Callable[[str], bool],
                take: Callable[[str], bool] = lambda key: True,
-               adapt: Optional[Callable[[str, Tensor, Tensor], Optional[Tensor]]] = None) -> Set[str]:
+               adapt: Optional[Callable[[str, Tensor, Tensor], Optional[Tensor]]] = None,
+               base_state: Optional[dict] = None) -> Set[str]:
     """Load the tensors of checkpoint ``path`` into ``model`` by name; returns the names of those copied.
 
     ``take(key)``: the base's tensor ``key`` is copied (it must then exist in ``model``); the others are left.
     ``required(key)``: ``model``'s tensor ``key`` must be in the base. ``adapt(key, base, own)``: the tensor to
-    load where shapes differ, or None if it cannot fit.
+    load where shapes differ, or None if it cannot fit. ``base_state``: the checkpoint's model tensors when the
+    caller has read them already (``load_base_state``).
     """
-    base = load_base_state(path, flag)
+    base = load_base_state(path, flag) if base_state is None else base_state
     base = {key: tensor for key, tensor in base.items() if take(key)}
     own = model.state_dict()
     unexpected = sorted(key for key in base if key not in own)

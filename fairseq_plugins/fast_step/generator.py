@@ -34,7 +34,8 @@ def fast_step_parts(model, precision: str, features_only: bool = False):
     """The decoder step and the encoder the fast step runs for ``model`` (``features_only``: see
     ``FastDecoderStep``). With int8 the encoder is a copy whose matrices are int8 (it runs once a sentence,
     but at batch 1 that was a third of a sentence's int8 time in float32)."""
-    encoder = int8_encoder(model.encoder) if precision == "int8" else model.encoder
+    # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)
+    encoder = int8_encoder(model.encoder).eval() if precision == "int8" else model.encoder
     return FastDecoderStep(model.decoder, precision, features_only=features_only), encoder
 
 

@@ -243,11 +243,17 @@ def int8_encoder(encoder: nn.Module, native_layers: bool = True) -> nn.Module:
     return copied
 
 
+def _native_int8_encoder(encoder: nn.Module, training: bool) -> "NativeInt8Encoder":
+    return NativeInt8Encoder(encoder).train(training)
+
+
 class NativeInt8Encoder(nn.Module):
     """``int8_encoder``'s encoder with each layer run as one call of kernel.c's ``fp_encoder_layer`` per sentence
     (its tokens only, so a sentence's output does not depend on its batch-mates or their padding). The
     embeddings, the final layer norm and the output dictionary are fairseq's; at padded positions the output is
-    zero (fairseq's is never read there: the padding mask goes with it). At a sentence's 10-30 rows a layer's
+    zero before the final layer norm (fairseq's is never read there: the padding mask goes with it). Other
+    attributes are the int8 copy's (``padding_idx``, ``embed_tokens``, ...); in training mode, with
+    ``return_all_hiddens`` or on a GPU it runs that copy's torch layers. At a sentence's 10-30 rows a layer's
     ~25 torch operations cost about as much as its int8 products (measured: 3 layers, 15 tokens)."""
 
     def __init__(self, encoder: nn.Module):
@@ -255,6 +261,7 @@ class NativeInt8Encoder(nn.Module):
         from fairseq.modules import gelu
 
         self.encoder = encoder  # the int8 copy: embeddings, the final norm, and the path of the rare cases
+        self.train(encoder.training)  # the copied encoder's mode (an evaluation model's copy evaluates)
         self.runner = native.EncoderLayerRunner()
         self.native_layers, self._kept = [], []  # the structs, and what their pointers point into
         for layer in encoder.layers:
@@ -293,23 +300,37 @@ class NativeInt8Encoder(nn.Module):
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
         encoder = self.encoder
-        if return_all_hiddens or token_embeddings is not None or src_tokens.device.type != "cpu":
+        if self.training or return_all_hiddens or token_embeddings is not None or src_tokens.device.type != "cpu":
             return encoder(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         padding = src_tokens.eq(encoder.padding_idx)
         x, embedding = encoder.forward_embedding(src_tokens)
-        out = torch.zeros_like(x)
+        out = x.new_zeros(x.size(1), x.size(0), x.size(2))  # T x B x C, as fairseq's (and contiguous)
         for row in range(x.size(0)):
             kept = ~padding[row]
             sentence = x[row, kept].float().contiguous()  # (its tokens, d)
             for layer in self.native_layers:
                 self.runner(layer, sentence)
-            out[row, kept] = sentence.to(out.dtype)
-        out = out.transpose(0, 1)  # T x B x C, as fairseq's
+            out[kept, row] = sentence.to(out.dtype)
         if encoder.layer_norm is not None:
             out = encoder.layer_norm(out)
         lengths = src_tokens.ne(encoder.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {"encoder_out": [out], "encoder_padding_mask": [padding], "encoder_embedding": [embedding],
                 "encoder_states": [], "fc_results": [], "src_tokens": [], "src_lengths": [lengths]}
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # parameters, buffers and submodules (nn.Module keeps them apart)
+        except AttributeError:
+            if name == "encoder":
+                raise
+            return getattr(self.encoder, name)
+
+    def __deepcopy__(self, memo):
+        # The structs hold raw pointers into this copy's tensors: a copy rebuilds its own from its own tensors.
+        return _native_int8_encoder(copy.deepcopy(self.encoder, memo), self.training)
+
+    def __reduce__(self):
+        return _native_int8_encoder, (self.encoder, self.training)
 
     @property
     def layers(self) -> nn.ModuleList:

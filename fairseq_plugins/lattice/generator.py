@@ -66,7 +66,8 @@ class LatticeGenerator(MethodGenerator):
             raise ValueError(f"--lattice-encoder-precision {encoder_precision}: choose one of {', '.join(PRECISIONS)}")
         self.model = models[0]
         # int8: a copy of the encoder with int8 matrices, made once here (the model's own stays float32)
-        self.encoder = int8_encoder(self.model.encoder) if encoder_precision == "int8" else self.model.encoder
+        # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)
+        self.encoder = int8_encoder(self.model.encoder).eval() if encoder_precision == "int8" else self.model.encoder
         self.encoder_precision = encoder_precision
         self.scorer = self.model.decoder
         self.order = self.scorer.markov_order

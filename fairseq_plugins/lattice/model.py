@@ -486,14 +486,15 @@ class LatticeTransformerModel(TransformerModel):
         costs a thirtieth as much at decoding): the base's layers become the lowest ones and the layers above
         them keep their initialisation."""
         flag = "--lattice-base-checkpoint"
-        base_layers, own_layers = layer_count(load_base_state(path, flag), "encoder"), len(self.encoder.layers)
+        base = load_base_state(path, flag)
+        base_layers, own_layers = layer_count(base, "encoder"), len(self.encoder.layers)
         if base_layers > own_layers:
             raise InputError(f"{flag} {path}: the base has {base_layers} encoder layers and this model "
                              f"{own_layers} (--encoder-layers must be at least the base's)")
         fresh = tuple(f"encoder.layers.{index}." for index in range(base_layers, own_layers))
         shared = ("encoder.", "decoder.embed_tokens.", "decoder.output_projection.")
         warm_start(self, path, flag, required=lambda key: key.startswith("encoder.") and not key.startswith(fresh),
-                   take=lambda key: key.startswith(shared) and not key.endswith("_float_tensor"))
+                   take=lambda key: key.startswith(shared) and not key.endswith("_float_tensor"), base_state=base)
         if fresh:
             logger.info("encoder layers %d-%d start from their initialisation (the base has %d)",
                         base_layers, own_layers - 1, base_layers)

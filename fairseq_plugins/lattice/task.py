@@ -72,7 +72,8 @@ class LatticeTranslationConfig(TranslationConfig):
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
                                         "matrix) from this trained fairseq transformer of the same sizes and data "
-                                        "(e.g. the baseline's); the scorer keeps its initialisation"},
+                                        "(e.g. the baseline's); the scorer keeps its initialisation. The encoder "
+                                        "may have more layers than the base's: those above keep theirs"},
     )
 
 

@@ -182,22 +182,22 @@ def int8_matrix(values: Tensor, scales: Tensor, bias: Optional[Tensor], dim: int
 
 
 def decoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, normalize_before: bool,
-                  gelu: bool) -> DecoderLayer:
-    """The fp_layer of ``matrices`` (name -> ``float_matrix``/``int8_matrix`` of each of LAYER_MATRICES) and
-    ``norms`` (name -> float32 torch LayerNorm, LAYER_NORMS). The caller keeps the tensors of the matrices and
-    the norms alive, and unchanged, as long as the layer."""
+                  gelu: bool, matrix_names=LAYER_MATRICES, norm_names=LAYER_NORMS) -> DecoderLayer:
+    """The fp_layer of ``matrices`` (name -> ``float_matrix``/``int8_matrix`` of each of ``matrix_names``) and
+    ``norms`` (name -> float32 torch LayerNorm, ``norm_names``); the members not named stay NULL. The caller keeps
+    the tensors of the matrices and the norms alive, and unchanged, as long as the layer."""
     layer = DecoderLayer(heads=heads, head_dim=head_dim, scaling=scaling, normalize_before=int(normalize_before),
                          gelu=int(gelu))
-    for name in LAYER_MATRICES:
+    for name in matrix_names:
         setattr(layer, name, matrices[name])
-    for name in LAYER_NORMS:
+    for name in norm_names:
         norm = norms[name]
         setattr(layer, f"{name}_weight", norm.weight.data_ptr())
         setattr(layer, f"{name}_bias", norm.bias.data_ptr())
         setattr(layer, f"{name}_eps", norm.eps)
-    # The widest input a product of the layer quantizes (the scratch LayerStepper sizes for it), once here:
-    # a step calls the stepper once a layer.
-    layer.widest_input = max(matrices[name].width for name in LAYER_MATRICES)
+    # The widest input a product of the layer quantizes (the scratch a runner sizes for it), once here:
+    # a step calls its runner once a layer.
+    layer.widest_input = max(matrices[name].width for name in matrix_names)
     return layer
 
 
@@ -209,26 +209,30 @@ def encoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, no
                   gelu: bool) -> DecoderLayer:
     """The fp_layer of an encoder layer for ``fp_encoder_layer``: ``decoder_layer`` without the cross-attention
     (ENCODER_LAYER_MATRICES and ENCODER_LAYER_NORMS; the others stay NULL, never read)."""
-    layer = DecoderLayer(heads=heads, head_dim=head_dim, scaling=scaling, normalize_before=int(normalize_before),
-                         gelu=int(gelu))
-    for name in ENCODER_LAYER_MATRICES:
-        setattr(layer, name, matrices[name])
-    for name in ENCODER_LAYER_NORMS:
-        norm = norms[name]
-        setattr(layer, f"{name}_weight", norm.weight.data_ptr())
-        setattr(layer, f"{name}_bias", norm.bias.data_ptr())
-        setattr(layer, f"{name}_eps", norm.eps)
-    layer.widest_input = max(matrices[name].width for name in ENCODER_LAYER_MATRICES)
-    return layer
+    return decoder_layer(matrices, norms, heads, head_dim, scaling, normalize_before, gelu,
+                         ENCODER_LAYER_MATRICES, ENCODER_LAYER_NORMS)
 
 
-class EncoderLayerRunner:
-    """Runs ``fp_encoder_layer`` on one sentence's rows, with scratch buffers that grow with its length."""
+class _Scratch:
+    """The work buffers a layer call needs (floats, quantized input bytes, row scales), grown as rows and lengths
+    grow (to twice the need, so that a slowly growing need does not reallocate at every call)."""
 
     def __init__(self):
         self.scratch = torch.empty(0)
         self.quantized = torch.empty(0, dtype=torch.int8)
         self.row_scales = torch.empty(0)
+
+    def reserve(self, floats: int, rows: int, widest_input: int) -> None:
+        if self.scratch.numel() < floats:
+            self.scratch = torch.empty(2 * floats)
+        if self.quantized.numel() < rows * widest_input:
+            self.quantized = torch.empty(2 * rows * widest_input, dtype=torch.int8)
+        if self.row_scales.numel() < rows:
+            self.row_scales = torch.empty(2 * rows)
+
+
+class EncoderLayerRunner(_Scratch):
+    """Runs ``fp_encoder_layer`` on one sentence's rows, with scratch buffers that grow with its length."""
 
     def __call__(self, layer: DecoderLayer, x: Tensor) -> None:
         """x (S, d) float32 contiguous: one sentence's S positions (no padding), updated in place."""
@@ -236,24 +240,13 @@ class EncoderLayerRunner:
         if not (x.dtype == torch.float32 and x.dim() == 2 and x.size(1) == d and x.is_contiguous()
                 and x.device.type == "cpu"):  # the C code trusts the shape: a mismatch would not raise
             raise ValueError("fp_encoder_layer: x must be a contiguous float32 CPU tensor (positions, d)")
-        need = length * (5 * d + ffn) + length
-        if self.scratch.numel() < need:
-            self.scratch = torch.empty(2 * need)
-        if self.quantized.numel() < length * layer.widest_input:
-            self.quantized = torch.empty(2 * length * layer.widest_input, dtype=torch.int8)
-        if self.row_scales.numel() < length:
-            self.row_scales = torch.empty(2 * length)
+        self.reserve(length * (5 * d + ffn) + length, length, layer.widest_input)
         _library.fp_encoder_layer(ctypes.byref(layer), x.data_ptr(), length, self.scratch.data_ptr(),
                                   self.quantized.data_ptr(), self.row_scales.data_ptr())
 
 
-class LayerStepper:
+class LayerStepper(_Scratch):
     """Runs ``fp_decoder_layer_step`` with scratch buffers that grow as rows and lengths do."""
-
-    def __init__(self):
-        self.scratch = torch.empty(0)
-        self.quantized = torch.empty(0, dtype=torch.int8)
-        self.row_scales = torch.empty(0)
 
     def __call__(self, layer: DecoderLayer, x: Tensor, keys: Tensor, values: Tensor, t: int, cross_keys: Tensor,
                  cross_values: Tensor, source_attend: Optional[Tensor], group: int = 1, causal: bool = True) -> None:
@@ -273,13 +266,7 @@ class LayerStepper:
                 and (source_attend is None or (source_attend.shape == (hypotheses, source_length)
                                                and source_attend.is_contiguous()))):
             raise ValueError("fp_decoder_layer_step: tensors of unexpected shapes, types or layouts")
-        need = rows * (5 * d + ffn) + max(t + group, source_length)
-        if self.scratch.numel() < need:
-            self.scratch = torch.empty(2 * need)
-        if self.quantized.numel() < rows * layer.widest_input:
-            self.quantized = torch.empty(2 * rows * layer.widest_input, dtype=torch.int8)
-        if self.row_scales.numel() < rows:
-            self.row_scales = torch.empty(2 * rows)
+        self.reserve(rows * (5 * d + ffn) + max(t + group, source_length), rows, layer.widest_input)
         _library.fp_decoder_layer_step(
             ctypes.byref(layer), x.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.size(2), t,
             cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
