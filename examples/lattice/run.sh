@@ -34,7 +34,8 @@
 #        BENCH_LIMIT (200 sentences), BENCH_RUNS (3), LAYERS_EPOCH (3), DEVICE (cpu),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures),
 #        LR (1e-3), AVERAGE (5), ALIGN_BACKEND (systran), WARM_START (1: encoder and embeddings from the baseline's checkpoint,
-#        --lattice-base-checkpoint; 0: from scratch), PATIENCE (3 validations without improvement stop a system;
+#        --lattice-base-checkpoint; 0: from scratch), VARIANT_RESULTS (summary: bench JSONs of other systems to
+#        plot on the frontier, their rows with a whole-test BLEU), PATIENCE (3 validations without improvement stop a system;
 #        EPOCHS is a cap; the distilled systems' plateau is of validation BLEU, lattice decoding at K, when their
 #        table exists, the others' of validation loss), TRAIN_FLAGS (extra fairseq-train flags: --fp16 on a GPU)
 set -euo pipefail
@@ -239,5 +240,5 @@ fi
 if stage summary; then
   python "$(dirname "$0")/summarize.py" --work "$WORK" --systems $SYSTEMS --bench "$RESULTS/lattice.json" \
     --ks "$RESULTS/lattice_k.json" --fast "$RESULTS/lattice_fast.json" --layers "$RESULTS/lattice_layers.json" --layers-epoch "$LAYERS_EPOCH" --recall "$RESULTS"/lattice_recall_*.json --commands "$COMMANDS" \
-    --out "$RESULTS/lattice_summary" --plot "$RESULTS/lattice_frontier.png"
+    --out "$RESULTS/lattice_summary" --plot "$RESULTS/lattice_frontier.png" ${VARIANT_RESULTS:+--variants $VARIANT_RESULTS}
 fi

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import sys
 
 from fairseq_plugins.bench import report
 from fairseq_plugins.common.plots import pyplot, save_png
@@ -43,13 +44,34 @@ PAPER_POINT = (19.6, 3.35)
 TARGET = (10.0, 3.5)
 
 
-def plot_frontier(systems, fast, path):
+def variant_rows(paths):
+    """Bench rows of other systems (another scorer or encoder, --variants) whose whole-test BLEU the bench
+    scored (``split_bleu``), with their gap to the baseline at beam 5 in the same run; rows without it (timed
+    sentences only) are left out, with a warning."""
+    rows = []
+    for path in paths:
+        for r in report.load_results(path):
+            if r.get("batch_size", 1) != 1:
+                continue
+            split = r.get("split_bleu")
+            if not split:
+                print(f"{path}: {r.get('label', r['method'])}: no whole-test BLEU (split_bleu), not plotted",
+                      file=sys.stderr)
+                continue
+            rows.append({**r, "bleu": split["method"]["bleu"], "bleu_gap_vs_baseline_beam5": -split["bleu_delta"]})
+    return rows
+
+
+def plot_frontier(systems, fast, path, variants=()):
     """BLEU gap to the baseline at beam 5 (whole test set) against the speed ratio (batch 1, log scale): every
-    latency setting and system, the paper's point and the target region (>= x10 at a gap <= 3.5)."""
+    latency setting and system, the other systems' (``variant_rows``), the paper's point and the target region
+    (>= x10 at a gap <= 3.5)."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    points = [(r["speed_ratio"], r["bleu_gap_vs_baseline_beam5"]) for r in fast + systems if "speed_ratio" in r]
+    variants = list(variants)
+    points = [(r["speed_ratio"], r["bleu_gap_vs_baseline_beam5"]) for r in fast + systems + variants
+              if "speed_ratio" in r]
     points.append(PAPER_POINT)
     left, right = min(x for x, _ in points) / 1.4, max(x for x, _ in points) * 1.4
     top, bottom = min(0.0, min(y for _, y in points)) - 0.3, max(TARGET[1], max(y for _, y in points)) + 0.3
@@ -59,7 +81,8 @@ def plot_frontier(systems, fast, path):
     ax.axvline(TARGET[0], color="green", linewidth=0.8, linestyle="--")
     groups = [("Viterbi", [r for r in fast if not r.get("no_repeat_ngram_size")], "o"),
               ("no repeated trigrams", [r for r in fast if r.get("no_repeat_ngram_size")], "s"),
-              ("systems at K = 64", [r for r in systems if "speed_ratio" in r], "^")]
+              ("systems at K = 64", [r for r in systems if "speed_ratio" in r], "^"),
+              ("other scorers and encoders (int8, no repeated trigrams)", variants, "D")]
     for name, rows, marker in groups:
         rows = [r for r in rows if r.get("batch_size", 1) == 1]
         if not rows:
@@ -94,6 +117,9 @@ def main():
     p.add_argument("--commands", required=True)
     p.add_argument("--out", required=True, help="output path without extension")
     p.add_argument("--plot", help="write the frontier plot here (PNG): BLEU gap against speed ratio, every setting")
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="bench JSONs of other systems (e.g. a narrower scorer, a deeper encoder) to plot beside "
+                        "them: their rows with a whole-test BLEU (split_bleu)")
     args = p.parse_args()
 
     def bleu_of(system):
@@ -233,7 +259,7 @@ def main():
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines))
     if args.plot:
-        plot_frontier(systems, fast, args.plot)
+        plot_frontier(systems, fast, args.plot, variant_rows(args.variants))
 
 
 if __name__ == "__main__":
