@@ -95,4 +95,4 @@ def test_resumed_training_loads_its_checkpoint(trained, tmp_path):
     log = proc.stdout + proc.stderr
     assert f"Loaded checkpoint {save_dir}/checkpoint_last.pt (epoch {TRAIN_EPOCHS + 1}" in log
     assert f"epoch {TRAIN_EPOCHS + 1:03d} | valid on 'valid' subset" in log
-    assert f"epoch 001 |" not in log  # nothing retrained from scratch
+    assert "epoch 001 |" not in log  # nothing retrained from scratch
