@@ -125,6 +125,26 @@ def test_a_base_deeper_than_the_lattice_encoder_is_a_clear_error(trained):
 
 @pytest.mark.parametrize("system", [
     ("--task", "double_token_translation", "--token-order", "bidir", "--tokens-per-step", 2,
+     "--arch", "double_token_transformer_tiny", "--double-token-base-checkpoint"),
+    ("--task", "lattice_translation", "--arch", "lattice_transformer_tiny", "--lattice-base-checkpoint"),
+    ("--task", "blockwise_translation", "--arch", "blockwise_transformer_tiny", "--blockwise-base-checkpoint"),
+])
+def test_a_resumed_training_does_not_apply_the_warm_start_again(trained, tmp_path, system):
+    """As fairseq does for --finetune-from-model: once the save dir holds checkpoint_last.pt (or --restore-file
+    names a checkpoint), that checkpoint's weights are what training continues from, and the base, which may
+    have changed or gone since, is not read (here: a missing file, an error only on the first launch)."""
+    gone = str(tmp_path / "gone.pt")
+    with pytest.raises(InputError, match=f"{system[-1]} .*gone.pt: no such file"):
+        build(trained, *system, gone, "--save-dir", tmp_path / "fresh")
+    (tmp_path / "resumed").mkdir()
+    (tmp_path / "resumed" / "checkpoint_last.pt").write_bytes(b"")
+    build(trained, *system, gone, "--save-dir", tmp_path / "resumed")  # not read: no error
+    build(trained, *system, gone, "--save-dir", tmp_path / "fresh", "--restore-file", tmp_path / "resumed" /
+          "checkpoint_last.pt")
+
+
+@pytest.mark.parametrize("system", [
+    ("--task", "double_token_translation", "--token-order", "bidir", "--tokens-per-step", 2,
      "--arch", "double_token_transformer_multi30k", "--double-token-base-checkpoint"),
     ("--task", "lattice_translation", "--arch", "lattice_transformer_multi30k", "--lattice-base-checkpoint"),
 ])

@@ -14,6 +14,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
+from ..common.warm_start import warm_start_unless_resuming
 from ..fast_step.task import FastStepConfig, check_fast_step_model, fast_step_precision
 from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
@@ -71,7 +72,8 @@ class BlockwiseTranslationTask(TranslationTask):
         if self.cfg.blockwise_base_checkpoint and not from_checkpoint:
             if not isinstance(model, BlockwiseTransformerModel):
                 raise ValueError("--blockwise-base-checkpoint needs --arch blockwise_transformer*")
-            model.load_base_checkpoint(self.cfg.blockwise_base_checkpoint)
+            warm_start_unless_resuming(model, cfg, self.cfg.blockwise_base_checkpoint, "--blockwise-base-checkpoint",
+                                       model.load_base_checkpoint)
         return model
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,

@@ -7,6 +7,7 @@ before training starts.
 """
 
 import logging
+import os
 import re
 from typing import Callable, Optional, Set
 
@@ -15,6 +16,27 @@ from torch import Tensor
 from .textio import InputError
 
 logger = logging.getLogger(__name__)
+
+
+def resumes_training(cfg) -> bool:
+    """Whether fairseq-train will restore a checkpoint over the model it is building (``--restore-file``, by
+    default the save dir's checkpoint_last.pt, exists). A warm start is then not applied, as fairseq does not
+    apply --finetune-from-model: the checkpoint holds the weights, and the base may have changed or gone since."""
+    save_dir = getattr(cfg, "save_dir", None)
+    restore = getattr(cfg, "restore_file", None) or "checkpoint_last.pt"
+    if save_dir is None:  # not a training (a model built for inference, a test)
+        return False
+    path = os.path.join(save_dir, "checkpoint_last.pt") if restore == "checkpoint_last.pt" else restore
+    return os.path.isfile(path)
+
+
+def warm_start_unless_resuming(model, cfg, path: str, flag: str, load: Callable[[str], None]) -> None:
+    """``load(path)`` (a method's warm start from ``path``), or, when the training resumes, a log line saying why
+    not."""
+    if resumes_training(cfg):
+        logger.info("%s %s: not applied, the training resumes from its own checkpoint", flag, path)
+        return
+    load(path)
 
 
 def load_base_state(path: str, flag: str) -> dict:

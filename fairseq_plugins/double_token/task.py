@@ -24,6 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
+from ..common.warm_start import warm_start_unless_resuming
 from ..fast_step.generator import FastStepSequenceGenerator
 from ..fast_step.task import FastStepConfig, check_fast_step_models, fast_step_precision
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
@@ -100,7 +101,9 @@ class DoubleTokenTranslationTask(TranslationTask):
         if self.cfg.double_token_base_checkpoint and not from_checkpoint:
             if not isinstance(model, DoubleTokenTransformerModel):
                 raise ValueError("--double-token-base-checkpoint needs --arch double_token_transformer*")
-            model.load_base_checkpoint(self.cfg.double_token_base_checkpoint, self.tgt_dict.eos())
+            warm_start_unless_resuming(model, cfg, self.cfg.double_token_base_checkpoint,
+                                       "--double-token-base-checkpoint",
+                                       lambda path: model.load_base_checkpoint(path, self.tgt_dict.eos()))
         return model
 
     # --- training: the stock criterions see the folded target ---------------------------------------------
