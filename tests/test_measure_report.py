@@ -161,11 +161,13 @@ def test_tables_show_each_ratio_with_its_spread_and_flag_the_untrustworthy():
     summary = report.summary_table(results).splitlines()
     assert summary[0].split() == ["method", "BLEU", "stock", "BLEU", "dBLEU", "speed", "ratio", "(min-max)",
                                   "batch", "model"]
-    assert summary[1].split() == ["fast", "(greedy", "vs", "stock", "greedy)", "30.00", "29.00", "+1.00",
+    # (BLEU on the timed sentences only, marked *: these results have no whole-split BLEU)
+    assert summary[1].split() == ["fast", "(greedy", "vs", "stock", "greedy)", "30.00*", "29.00", "+1.00",
                                   "2.50x", "(2.50-2.55)", "1", "warm-started,", "3", "min"]
-    assert summary[2].split()[5:] == ["28.50", "29.00", "-0.50", "4.00x", "(3.00-5.00)", "!", "1", "-"]
+    assert summary[2].split()[5:] == ["28.50*", "29.00", "-0.50", "4.00x", "(3.00-5.00)", "!", "1", "-"]
     assert "speed ratio: stock time / method time on the same sentences" in summary[4]
-    assert summary[5].startswith("! noisy: the runs' ratios spread over 50%")
+    assert summary[5].startswith("BLEU: on the whole split; * on the sentences timed only")
+    assert summary[6].startswith("! noisy: the runs' ratios spread over 50%")
     two_runs = result("two", [2.0, 2.0])
     assert report.flag_reasons(two_runs) == ["2 timed run(s), fewer than 3"]
     assert report.flag_reasons({**result("busy", [2.0] * 3), "timing": {"oversubscribed": True}}) == [
