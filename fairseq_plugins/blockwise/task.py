@@ -72,7 +72,7 @@ class BlockwiseTranslationTask(TranslationTask):
         if self.cfg.blockwise_base_checkpoint and not from_checkpoint:
             if not isinstance(model, BlockwiseTransformerModel):
                 raise ValueError("--blockwise-base-checkpoint needs --arch blockwise_transformer*")
-            warm_start_unless_resuming(model, cfg, self.cfg.blockwise_base_checkpoint, "--blockwise-base-checkpoint",
+            warm_start_unless_resuming(cfg, self.cfg.blockwise_base_checkpoint, "--blockwise-base-checkpoint",
                                        model.load_base_checkpoint)
         return model
 

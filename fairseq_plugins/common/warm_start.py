@@ -30,7 +30,7 @@ def resumes_training(cfg) -> bool:
     return os.path.isfile(path)
 
 
-def warm_start_unless_resuming(model, cfg, path: str, flag: str, load: Callable[[str], None]) -> None:
+def warm_start_unless_resuming(cfg, path: str, flag: str, load: Callable[[str], None]) -> None:
     """``load(path)`` (a method's warm start from ``path``), or, when the training resumes, a log line saying why
     not."""
     if resumes_training(cfg):

@@ -101,7 +101,7 @@ class DoubleTokenTranslationTask(TranslationTask):
         if self.cfg.double_token_base_checkpoint and not from_checkpoint:
             if not isinstance(model, DoubleTokenTransformerModel):
                 raise ValueError("--double-token-base-checkpoint needs --arch double_token_transformer*")
-            warm_start_unless_resuming(model, cfg, self.cfg.double_token_base_checkpoint,
+            warm_start_unless_resuming(cfg, self.cfg.double_token_base_checkpoint,
                                        "--double-token-base-checkpoint",
                                        lambda path: model.load_base_checkpoint(path, self.tgt_dict.eos()))
         return model

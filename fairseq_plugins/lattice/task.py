@@ -15,8 +15,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..candidates import PRECISIONS
 from ..common.generation import refuse_unsupported_generation_flags
-from ..common.warm_start import warm_start_unless_resuming
 from ..common.textio import InputError
+from ..common.warm_start import warm_start_unless_resuming
 from ..int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
 from .generator import NORMALIZATIONS, LatticeGenerator
 from .ibm2 import CandidateTable
@@ -91,7 +91,7 @@ class LatticeTranslationTask(TranslationTask):
         if self.cfg.lattice_base_checkpoint and not from_checkpoint:
             if not isinstance(model, LatticeTransformerModel):
                 raise ValueError("--lattice-base-checkpoint needs --arch lattice_transformer*")
-            warm_start_unless_resuming(model, cfg, self.cfg.lattice_base_checkpoint, "--lattice-base-checkpoint",
+            warm_start_unless_resuming(cfg, self.cfg.lattice_base_checkpoint, "--lattice-base-checkpoint",
                                        model.load_base_checkpoint)
         return model
 
