@@ -393,21 +393,33 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 }
 
+/* A residual sublayer's entry: x is kept as the residual, then normalised first when the layer is pre-norm. */
+static void sublayer_enter(const fp_layer *L, float *x, int64_t M, int64_t D, float *residual, const float *norm_weight,
+                           const float *norm_bias, float norm_eps) {
+    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
+    if (L->normalize_before) layer_norm(x, M, D, norm_weight, norm_bias, norm_eps);
+}
+
+/* Its exit: the residual added back to the sublayer's output x, then normalised after when post-norm. */
+static void sublayer_leave(const fp_layer *L, float *x, int64_t M, int64_t D, const float *residual,
+                           const float *norm_weight, const float *norm_bias, float norm_eps) {
+    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
+    if (!L->normalize_before) layer_norm(x, M, D, norm_weight, norm_bias, norm_eps);
+}
+
 /* A layer's feed-forward sublayer on x (M, D) in place, with its residual and layer norm (residual: M * D
  * floats, hidden: M * ffn floats of scratch). */
 static void feed_forward(const fp_layer *L, float *x, int64_t M, float *residual, float *hidden, int8_t *qbuf,
                          float *sbuf) {
     const int64_t D = L->heads * L->head_dim, F = L->fc1.out;
-    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
-    if (L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+    sublayer_enter(L, x, M, D, residual, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
     matrix_product(&L->fc1, x, M, hidden, qbuf, sbuf);
     for (int64_t i = 0; i < M * F; ++i) {
         const float h = hidden[i];
         hidden[i] = L->gelu ? 0.5f * h * (1.0f + erff(h * 0.70710678118654752f)) : (h > 0.0f ? h : 0.0f);
     }
     matrix_product(&L->fc2, hidden, M, x, qbuf, sbuf);
-    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
-    if (!L->normalize_before) layer_norm(x, M, D, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
+    sublayer_leave(L, x, M, D, residual, L->final_norm_weight, L->final_norm_bias, L->final_norm_eps);
 }
 
 /* Arithmetic as fairseq's TransformerDecoderLayer in eval mode; the matrices int8 or float32 (each its own).
@@ -429,8 +441,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     float *scores = hidden + M * F;
     /* self-attention over the prefix (the group's keys first: position t + i attends to keys up to t + i, or
      * t + group - 1) */
-    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
-    if (L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    sublayer_enter(L, x, M, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     matrix_product(&L->qkv, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
@@ -446,11 +457,9 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
                    hd, hd, L->scaling, NULL, scores, context + m * D + h * hd);
         }
     matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
-    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
-    if (!L->normalize_before) layer_norm(x, M, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    sublayer_leave(L, x, M, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     /* attention over the source */
-    for (int64_t i = 0; i < M * D; ++i) residual[i] = x[i];
-    if (L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
+    sublayer_enter(L, x, M, D, residual, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
     matrix_product(&L->cross_q, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
@@ -460,8 +469,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
                    source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd);
         }
     matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
-    for (int64_t i = 0; i < M * D; ++i) x[i] = residual[i] + x[i];
-    if (!L->normalize_before) layer_norm(x, M, D, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
+    sublayer_leave(L, x, M, D, residual, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
     feed_forward(L, x, M, residual, hidden, qbuf, sbuf);
 }
 
@@ -474,16 +482,14 @@ void fp_encoder_layer(const fp_layer *L, float *x, int64_t S, float *scratch, in
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
     float *residual = scratch, *qkv = residual + S * D, *context = qkv + 3 * S * D, *hidden = context + S * D;
     float *scores = hidden + S * F;
-    for (int64_t i = 0; i < S * D; ++i) residual[i] = x[i];
-    if (L->normalize_before) layer_norm(x, S, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    sublayer_enter(L, x, S, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     matrix_product(&L->qkv, x, S, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < S; ++m)
         for (int64_t h = 0; h < H; ++h)  /* keys and values read in place: rows 3 D apart */
             attend(qkv + m * 3 * D + h * hd, qkv + D + h * hd, qkv + 2 * D + h * hd, S, 3 * D, hd, L->scaling, NULL,
                    scores, context + m * D + h * hd);
     matrix_product(&L->self_out, context, S, x, qbuf, sbuf);
-    for (int64_t i = 0; i < S * D; ++i) x[i] = residual[i] + x[i];
-    if (!L->normalize_before) layer_norm(x, S, D, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
+    sublayer_leave(L, x, S, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     feed_forward(L, x, S, residual, hidden, qbuf, sbuf);
 }
 

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 TOP_LAYERS = ("tanh", "gru")
 FC_LAYOUTS = ("residual", "paper")
+# he: He for the FC-ReLU layers, Xavier for the projections into and out of the stack, zero biases (the fix);
+# torch: nn.Linear's own default, what the first models had (kept to measure the fix, see docs/rnn_fc.md).
+FC_INITS = ("he", "torch")
 
 
 def _embedding(dictionary, dim: int) -> nn.Embedding:
@@ -120,10 +123,14 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
                 self.fc_input = nn.Linear(hidden + encoder_dim, width)
                 self.fc_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(layers))
                 self.fc_final_norm = nn.LayerNorm(width)
-                nn.init.xavier_uniform_(self.fc_input.weight)
-                nn.init.zeros_(self.fc_input.bias)
             top_in = width if layers else hidden + encoder_dim
-        for layer in self.fc_layers:
+        if args.rnn_fc_fc_init not in FC_INITS:
+            raise ValueError(f"--rnn-fc-fc-init {args.rnn_fc_fc_init}: choose one of {', '.join(FC_INITS)}")
+        he_init = args.rnn_fc_fc_init == "he"
+        if he_init and self.fc_input is not None:
+            nn.init.xavier_uniform_(self.fc_input.weight)
+            nn.init.zeros_(self.fc_input.bias)
+        for layer in self.fc_layers if he_init else ():
             nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
             nn.init.zeros_(layer.bias)
         self.activation_clip = args.rnn_fc_activation_clip
@@ -133,8 +140,9 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
         out_dim = args.decoder_output_dim
         if self.top == "tanh":
             self.top_layer = nn.Linear(top_in, out_dim)
-            nn.init.xavier_uniform_(self.top_layer.weight)
-            nn.init.zeros_(self.top_layer.bias)
+            if he_init:
+                nn.init.xavier_uniform_(self.top_layer.weight)
+                nn.init.zeros_(self.top_layer.bias)
         else:
             self.top_layer = nn.GRU(top_in, out_dim)
         if args.share_decoder_input_output_embed:
@@ -298,6 +306,10 @@ class RnnFcModel(FairseqEncoderDecoderModel):
         parser.add_argument("--rnn-fc-fc-layout", choices=FC_LAYOUTS,
                             help="residual: a projection to the FC width, then pre-norm residual FC-ReLU blocks and "
                                  "a final layer norm (default); paper: Devlin's stack, skips on every second layer")
+        parser.add_argument("--rnn-fc-fc-init", choices=FC_INITS,
+                            help="he: He initialisation of the FC-ReLU layers and Xavier for the FC-tanh top, zero "
+                                 "biases (default); torch: nn.Linear's default, under which the stack's output "
+                                 "barely depends on its input (kept to measure the difference)")
         parser.add_argument("--rnn-fc-fc-dropout", type=float, metavar="D",
                             help="dropout inside the FC stack (residual: on each block's output; paper: on each "
                                  "layer's input); --dropout still applies to the embeddings, the top and the softmax")
@@ -371,7 +383,8 @@ def rnn_fc_base(args):
     _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_hidden_size=512, rnn_fc_attention_dim=512,
          rnn_fc_fc_layers=7, rnn_fc_fc_dim=1024, rnn_fc_top="tanh", rnn_fc_weight_clip=0.0,
          rnn_fc_activation_clip=0.0, share_decoder_input_output_embed=False, share_all_embeddings=False,
-         max_source_positions=1024, max_target_positions=1024, rnn_fc_fc_layout="residual")
+         max_source_positions=1024, max_target_positions=1024, rnn_fc_fc_layout="residual",
+         rnn_fc_fc_init="he")
     _set(args, rnn_fc_fc_dropout=args.dropout if args.rnn_fc_fc_layout == "paper" else 0.1)
     _set(args, decoder_output_dim=args.decoder_embed_dim)
     # checkpoints pickle args: plain strs, never ChoiceEnum values

@@ -1,7 +1,8 @@
-"""The GPU kit's training figures: one record per fairseq-train log (device, precision, validation curve, wall
-time, why it stopped), written as JSON and a Markdown table.
+"""Training figures from fairseq-train logs: one record per log (device, precision, validation curve with the
+training wall time at each epoch, why it stopped), written as JSON and a Markdown table. The GPU kit and the
+rnn_fc ablation (examples/rnn_fc/ablation.sh) use it.
 
-Usage: python examples/gpu/summarize.py --logs NAME=LOG... --json OUT.json [--markdown OUT.md]
+Usage: python examples/results/training_curves.py --logs NAME=LOG... --json OUT.json [--markdown OUT.md]
 """
 
 import argparse
@@ -12,6 +13,7 @@ import sys
 
 VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)")
 DEVICE = re.compile(r"rank +\d+: capabilities = +([\d.]+) +; total memory = ([\d.]+) GB ; name = (.+?)\s*$")
+TRAIN_WALL = re.compile(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
 FP16 = re.compile(r"'fp16': (True|False)")
 BF16 = re.compile(r"'bf16': (True|False)")
@@ -19,12 +21,15 @@ BF16 = re.compile(r"'bf16': (True|False)")
 
 def read_log(path: str) -> dict:
     curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, "max epoch", False, False
+    walls = {}  # epoch -> fairseq's training wall seconds at its end (carried over a resume)
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if m := VALID.search(line):
                 epoch = int(m.group(1))
                 curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
                 curve.append({"epoch": epoch, "loss": float(m.group(2)), "nll_loss": float(m.group(3))})
+            elif m := TRAIN_WALL.search(line):
+                walls[int(m.group(1))] = int(m.group(2))
             elif m := DEVICE.search(line):
                 device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
             elif m := DONE.search(line):
@@ -38,6 +43,8 @@ def read_log(path: str) -> dict:
                 bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
     if not curve:
         raise SystemExit(f"{path}: no validation line (not a fairseq-train log, or it ended before epoch 1)")
+    for point in curve:
+        point["wall_seconds"] = walls.get(point["epoch"])
     best = min(curve, key=lambda point: point["loss"])
     return {"log": path, "device": device or {"name": "cpu"}, "precision": "fp16" if fp16 else "bf16" if bf16 else
             "fp32", "epochs": curve[-1]["epoch"], "best_epoch": best["epoch"], "best_valid_loss": best["loss"],
