@@ -114,17 +114,19 @@ def test_summary_reads_curves_device_precision_and_stop_reason(tmp_path):
         "2026-11-25 | INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 79.179 GB ; "
         "name = NVIDIA H100 80GB HBM3                   \n"
         "x | valid | epoch 001 | valid on 'valid' subset | loss 5.5 | nll_loss 4.1 | ppl 17\n"
+        "x | train | epoch 001 | loss 6.1 | nll_loss 5.0 | ppl 32 | wall 20\n"
         "x | valid | epoch 002 | valid on 'valid' subset | loss 4.9 | nll_loss 3.6 | ppl 12\n"
         "x | valid | epoch 003 | valid on 'valid' subset | loss 5.0 | nll_loss 3.7 | ppl 13\n"
         "x | valid | epoch 003 | valid on 'valid' subset | loss 4.95 | nll_loss 3.65 | ppl 13\n"  # resumed epoch
         "x | fairseq_cli.train | early stop since valid performance hasn't improved for last 3 runs\n"
         "x | fairseq_cli.train | done training in 61.5 seconds\n")
     out = tmp_path / "training.json"
-    subprocess.run([sys.executable, os.path.join(REPO, "examples", "gpu", "summarize.py"), "--logs",
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "results", "training_curves.py"), "--logs",
                     f"run={log}", "--json", str(out), "--markdown", str(tmp_path / "training.md")], check=True)
     run = json.load(open(out))["runs"]["run"]
     assert run["device"]["name"] == "NVIDIA H100 80GB HBM3" and run["precision"] == "fp16"
     assert [p["epoch"] for p in run["curve"]] == [1, 2, 3] and run["curve"][-1]["loss"] == 4.95
+    assert [p["wall_seconds"] for p in run["curve"]] == [20, None, None]  # from each epoch's "| train |" line
     assert (run["best_epoch"], run["best_valid_loss"], run["epochs"]) == (2, 4.9, 3)
     assert run["train_seconds"] == 61.5 and run["stopped_by"].startswith("patience")
     assert "| run | NVIDIA H100 80GB HBM3 | fp16 | 3 | 4.900 (3.600) @ 2 | 61.5 |" in (tmp_path / "training.md").read_text()

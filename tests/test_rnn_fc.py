@@ -640,3 +640,36 @@ def test_cuda_decoding_equals_cpu_decoding(rnn_fc_model):
 
     gpu = decode(RnnFcGenerator([model], tgt_dict, beam=6), model, [utils.move_to_cuda(b) for b in batches[:2]])
     assert gpu == cpu
+
+
+def test_the_ablation_recipe_adds_one_fix_a_step_and_times_the_lstm_to_the_last(prepared, tmp_path):
+    """examples/rnn_fc/ablation.sh on the tiny corpus, 8 updates a step: the first step trains with the first
+    models' settings, +noclip with today's defaults, and fairseq's lstm for +noclip's wall time; the curves are
+    summarised per step. An unknown step stops it before any training."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+           "OMP_NUM_THREADS": "1", "EPOCHS": "1", "SRC": "src", "TGT": "tgt",
+           "TRAIN_FLAGS": "--max-update 8"}
+    script = os.path.join(repo, "examples", "rnn_fc", "ablation.sh")
+    base, work = os.path.dirname(prepared), tmp_path / "ablation"
+    wrong = subprocess.run(["bash", script, base, str(work)], env={**env, "STEPS": "first +bogus"},
+                           capture_output=True, text=True)
+    assert wrong.returncode == 2 and "unknown step '+bogus'" in wrong.stderr and not work.exists()
+    done = subprocess.run(["bash", script, base, str(work)], env={**env, "STEPS": "first +noclip lstm"},
+                          capture_output=True, text=True, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = (work / "first" / "fc4-tanh" / "train.log").read_text()
+    assert "rnn_fc_fc_init='torch'" in first and "rnn_fc_fc_layout='paper'" in first
+    assert "'warmup_updates': 400" in first and "'clip_norm': 1.0" in first
+    noclip = (work / "noclip" / "fc4-tanh" / "train.log").read_text()
+    assert "rnn_fc_fc_init='he'" in noclip and "rnn_fc_fc_layout='residual'" in noclip
+    assert "'warmup_updates': 150" in noclip and "'clip_norm': 0.0" in noclip
+    runs = json.load(open(work / "results" / "rnn_fc_ablation.json"))["runs"]
+    assert list(runs) == ["first", "+noclip", "lstm"]
+    noclip_wall = runs["+noclip"]["curve"][-1]["wall_seconds"]
+    assert noclip_wall is not None and all(run["curve"] for run in runs.values())
+    lstm = (work / "lstm" / "train.log").read_text()
+    assert "arch='lstm'" in lstm and f"'stop_time_hours': {noclip_wall / 3600}" in lstm

@@ -65,7 +65,7 @@ def markdown(runs: dict) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--logs", nargs="+", required=True, metavar="NAME=LOG", help="fairseq-train logs, each named")
-    p.add_argument("--json", required=True, help="write the records here")
+    p.add_argument("--json", required=True, help="write the records here (-: to standard output)")
     p.add_argument("--markdown", help="and a table here")
     args = p.parse_args(argv)
     runs = {}
@@ -76,7 +76,9 @@ def main(argv=None):
         runs[name] = read_log(path)
     for path, text in ((args.json, json.dumps({"runs": runs}, indent=1) + "\n"),
                        (args.markdown, markdown(runs) if args.markdown else None)):
-        if path:
+        if path == "-":
+            sys.stdout.write(text)
+        elif path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write(text)

@@ -19,7 +19,8 @@
 #
 # Usage: examples/rnn_fc/ablation.sh [BASELINE_WORK] [WORK]
 #   env: STEPS ("first +init +layout +warmup +dropout +noclip lstm"), EPOCHS (3), THREADS (1),
-#        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures)
+#        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
+#        fairseq-train flags for every step)
 set -euo pipefail
 # shellcheck source=examples/tools.sh
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
@@ -55,7 +56,7 @@ for step in $STEPS; do
   [[ $step == lstm ]] && continue
   settings "$step"
   echo "== $step: layout $layout, init $init, warm-up $warmup, FC dropout $fc_dropout, clip $clip"
-  LAYOUT=$layout WARMUP=$warmup CLIP_NORM=$clip TRAIN_FLAGS="--rnn-fc-fc-init $init --rnn-fc-fc-dropout $fc_dropout" \
+  LAYOUT=$layout WARMUP=$warmup CLIP_NORM=$clip TRAIN_FLAGS="--rnn-fc-fc-init $init --rnn-fc-fc-dropout $fc_dropout ${TRAIN_FLAGS:-}" \
     TRAIN_ON=raw SYSTEMS=fc4-tanh EPOCHS=$EPOCHS STAGES=train THREADS=${THREADS:-1} \
     "$RECIPE" "$BASE" "$(step_dir "$step")"
 done
@@ -63,7 +64,7 @@ done
 if [[ " $STEPS " == *" lstm "* ]]; then
   noclip_log=$(step_dir +noclip)/fc4-tanh/train.log
   [[ -f $noclip_log ]] || { echo "the lstm step trains for +noclip's wall time: run +noclip first ($noclip_log)" >&2; exit 2; }
-  seconds=$(python "$(dirname "$0")/../results/training_curves.py" --logs "noclip=$noclip_log" --json /dev/stdout |
+  seconds=$(python "$(dirname "$0")/../results/training_curves.py" --logs "noclip=$noclip_log" --json - |
     python -c 'import json, sys; run = json.load(sys.stdin)["runs"]["noclip"]; print(run["curve"][-1]["wall_seconds"])')
   mkdir -p "$WORK/lstm"
   echo "== lstm: $seconds s of training, as +noclip"
@@ -74,7 +75,7 @@ if [[ " $STEPS " == *" lstm "* ]]; then
     --clip-norm 0 --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 150 \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --max-epoch 100 --seed 1 \
     --stop-time-hours "$(python -c "print($seconds / 3600)")" --save-dir "$WORK/lstm/checkpoints" \
-    --keep-last-epochs 1 --log-format simple --log-interval 50 2>&1 | tee -a "$WORK/lstm/train.log"
+    --keep-last-epochs 1 --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/lstm/train.log"
 fi
 
 logs=()
