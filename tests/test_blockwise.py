@@ -168,10 +168,10 @@ def test_exact_acceptance_equals_stock_greedy_on_a_random_model(max_len_b, heads
 def test_fast_proposal_heads_are_the_models_heads(layout, learned_first_head):
     model, _ = random_model(layout=layout, learned_first_head=learned_first_head)
     features = torch.randn(5, model.decoder.output_embed_dim)
-    for block_size in (1, 2, HEADS):
-        fast = FastProposalHeads(model.decoder.proposal_heads, block_size, "fp32")
+    for heads in (range(1), range(2), range(HEADS), [0], range(1, HEADS), [2]):
+        fast = FastProposalHeads(model.decoder.proposal_heads, heads, "fp32")
         with torch.no_grad():
-            expected = model.decoder.proposal_heads(features, range(block_size))
+            expected = model.decoder.proposal_heads(features, heads)
         torch.testing.assert_close(fast(features), expected, rtol=1e-5, atol=1e-5)  # (values ~10: large weights)
 
 
@@ -197,6 +197,8 @@ def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
         blocks = []
         block_step = generator.engine.block_step
         generator.engine.block_step = lambda tokens: blocks.append(tokens.numel()) or block_step(tokens)
+        head_rows, proposal_heads = [], generator.proposal_heads
+        generator.proposal_heads = lambda x: head_rows.append(x.size(0)) or proposal_heads(x)
         model.decoder.forward = lambda *a, **k: pytest.fail("the fast step must not call fairseq's decoder")
         for got, want in zip(generator.generate([model], sample), expected):
             assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
@@ -205,6 +207,8 @@ def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
         del model.decoder.forward
         stats = generator.generation_stats()
         assert stats["fast_step"] and stats["sentences"] == 6 and len(blocks) == stats["decoder_invocations"]
+        # heads 2..k once a call, on the last accepted position's row only
+        assert head_rows == ([1] * len(blocks) if block_size > 1 else [])
         assert stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
         if heads == "copying" and block_size > 1 and not settings:
             assert stats["mean_accepted_block_size"] > block_size - 1 and max(blocks) == block_size

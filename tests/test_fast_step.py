@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import USER_DIR, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
@@ -454,3 +455,31 @@ def test_bench_of_the_fast_step_decodes_what_the_stock_generator_decodes(trained
     result = json.loads(result_path.read_text())
     assert result["batch_size"] == batch_size and result["sentences"] == 16
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0 and result["bleu"] == result["baseline"]["bleu"]
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_packed_linear_runs_few_rows_on_the_native_kernel_and_equals_f_linear(with_bias, monkeypatch):
+    """Up to NATIVE_MAX_ROWS rows go through the native float kernel (faster there than oneDNN or MKL between a
+    step's other products), more through oneDNN's packed weight; every row count, also as (1, m, d) blocks,
+    gives F.linear's values up to summation order."""
+    from fairseq_plugins import native
+    from fairseq_plugins.common import packed_linear
+    from fairseq_plugins.common.packed_linear import NATIVE_MAX_ROWS, PackedLinear
+
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(37, 20, generator=generator), torch.randn(37, generator=generator)
+    linear = PackedLinear(weight, bias if with_bias else None)
+    if linear.packed is None or not linear.native:
+        pytest.skip("oneDNN or the native kernels are missing here")
+    native_rows = []
+    product = native.float_product
+    monkeypatch.setattr(packed_linear.native, "float_product",
+                        lambda x, w, b: native_rows.append(x.size(0)) or product(x, w, b))
+    for rows in range(1, 8):
+        x = torch.randn(1, rows, 20, generator=generator)
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias if with_bias else None), rtol=0, atol=1e-5)
+        torch.testing.assert_close(linear(x[0]), F.linear(x[0], weight, bias if with_bias else None), rtol=0,
+                                   atol=1e-5)
+    assert native_rows == [rows for rows in range(1, NATIVE_MAX_ROWS + 1) for _ in range(2)]
+    with pytest.raises(ValueError, match="fp_float_gemm"):
+        product(torch.randn(2, 21), weight, None)

@@ -2,15 +2,16 @@
 
 The same predict-verify-accept loop as ``BlockwiseGenerator``; its model calls run on ``FastDecoderStep``:
 a block of proposals goes through each decoder layer as the rows of one product (``block_step``: each weight
-read once for the block), the rejected tail is dropped by moving the cache's end back (``truncate``), and the
-proposal heads and both output products use the step's precision (float32 or int8 with per-row activation
-scales). One sentence at a time (the target is batch 1 on CPU); a batch is decoded sentence by sentence.
+read once for the block), the rejected tail is dropped by moving the cache's end back (``truncate``), p_1 is
+projected at every fed position, the heads only at the last accepted one (found by verification first), and
+the heads and output products use the step's precision (float32 or int8 with per-row activation scales).
+One sentence at a time (the target is batch 1 on CPU); a batch is decoded sentence by sentence.
 
 With exact acceptance and float32 the output is greedy decoding's (that of the blockwise model's base),
 as on fairseq's decoder.
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,17 +24,17 @@ from .model import ProposalHeads, row_blocks
 
 
 class FastProposalHeads:
-    """The first ``block_size`` proposal heads of a ``ProposalHeads`` (p_1 included) as fast-step matrices:
-    features (m, d) -> head states (m, block_size, d), as ``ProposalHeads.forward(x, range(block_size))``
-    in evaluation mode. Only the weights of those heads are read (the joint layout's shared hidden layer
-    excepted)."""
+    """Some proposal heads of a ``ProposalHeads`` (head 0 is p_1) as fast-step matrices: features (m, d) ->
+    head states (m, len(heads), d), as ``ProposalHeads.forward(x, heads)`` in evaluation mode. Only the weights
+    of those heads are read (the joint layout's shared hidden layer excepted)."""
 
-    def __init__(self, heads: ProposalHeads, block_size: int, precision: str):
-        self.block_size = block_size
-        self.learned_first_head = heads.learned_first_head
+    def __init__(self, heads: ProposalHeads, indices: Sequence[int], precision: str):
+        self.count = len(indices)
         self.layout = heads.layout
-        learned = [h if heads.learned_first_head else h - 1 for h in range(block_size)]
-        self.learned = [j for j in learned if j >= 0]
+        # (position in the output, learned head) of each head that is not the identity
+        learned = [(i, h if heads.learned_first_head else h - 1) for i, h in enumerate(indices)]
+        self.slots = [i for i, j in learned if j >= 0]
+        self.learned = [j for _i, j in learned if j >= 0]
         d, h = heads.embed_dim, heads.ffn_dim
         self.hidden_size = h
         self.fc1, self.fc2 = None, []
@@ -49,7 +50,7 @@ class FastProposalHeads:
             self.fc2 = [linear_of(heads.fc2_weight[j], heads.fc2_bias[j], precision) for j in self.learned]
 
     def __call__(self, x: Tensor) -> Tensor:
-        states = [x] * self.block_size
+        states = [x] * self.count
         if self.learned:
             hidden = F.relu(self.fc1(x))
             if self.layout == "joint":
@@ -57,9 +58,8 @@ class FastProposalHeads:
             else:
                 parts = hidden.view(x.size(0), len(self.learned), self.hidden_size).unbind(1)
                 deltas = [fc2(part.contiguous()) for fc2, part in zip(self.fc2, parts)]
-            first = 0 if self.learned_first_head else 1
-            for index, delta in enumerate(deltas):
-                states[first + index] = x + delta
+            for slot, delta in zip(self.slots, deltas):
+                states[slot] = x + delta
         return torch.stack(states, dim=1)
 
 
@@ -72,7 +72,12 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         super().__init__(model, tgt_dict, block_size, **kwargs)
         self.precision = precision
         self.engine, self.encoder = fast_step_parts(model, precision, features_only=True)
-        self.heads = FastProposalHeads(model.decoder.proposal_heads, block_size, precision)
+        # p_1 verifies at every fed position; heads 2..k run at the last accepted position only, once
+        # verification has found it (at batch 1 a product's cost grows with its rows)
+        heads = model.decoder.proposal_heads
+        self.first_head = FastProposalHeads(heads, [0], precision)
+        self.proposal_heads = FastProposalHeads(heads, range(1, block_size), precision)
+        self.vocab_size = len(tgt_dict)
         # Heads 2..k propose over the first ``proposal_vocab`` entries (a product of its own, once a call); p_1
         # verifies over all of them
         projection, vocab = model.decoder.output_projection, self.proposal_vocab
@@ -110,14 +115,19 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         return self.engine.block_step(block[0]).unsqueeze(0)
 
     def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
-        m, k = features.size(1), self.block_size
-        states = self.heads(features[0])  # (m, k, d)
-        if self.proposal_projection is None:  # p_1 and the heads over the whole vocabulary: one product
-            logits = self.engine.logits(states.reshape(m * k, -1)).view(1, m, k, -1)
-            return logits[:, :, 0], logits[:, :, 1:]
-        base = self.engine.logits(states[:, 0].contiguous())
-        proposals = self.proposal_projection(states[:, 1:].reshape(m * (k - 1), -1))
-        return base.unsqueeze(0), proposals.view(1, m, k - 1, -1)
+        """p_1's logits (1, m, V) at every position, and the features, from which ``_heads_logits_at`` proposes."""
+        return self.engine.logits(self.first_head(features[0])[:, 0]).unsqueeze(0), features
+
+    def _heads_logits_at(self, features: Tensor, row_index: Tensor, last: Tensor) -> Tensor:
+        """Heads 2..k's logits (1, k - 1, V') at the last accepted position: its one feature row through the
+        heads, then one product over the proposal vocabulary (or the output layer)."""
+        if self.block_size == 1:
+            return features.new_zeros(row_index.numel(), 0, self.vocab_size)
+        states = self.proposal_heads(features[row_index, last])  # (1, k - 1, d)
+        rows = states.reshape(-1, states.size(-1))
+        if self.proposal_projection is None:
+            return self.engine.logits(rows).view(row_index.numel(), self.block_size - 1, -1)
+        return self.proposal_projection(rows).view(row_index.numel(), self.block_size - 1, -1)
 
     def _cached_length(self, state) -> int:
         return self.engine.length

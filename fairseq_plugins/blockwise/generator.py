@@ -160,7 +160,7 @@ class BlockwiseGenerator(MethodGenerator):
 
             row_index, last = torch.arange(rows.numel(), device=device), accepted - 1
             base, lse = block_base[row_index, last], block_lse[row_index, last]
-            proposals, lengths = self._proposals(block_logits[row_index, last])
+            proposals, lengths = self._proposals(self._proposal_logits(block_logits, row_index, last))
             generated = generated + accepted
             self._rollback(incremental_state, cached, accepted, physical)
             cached = cached + accepted
@@ -182,7 +182,8 @@ class BlockwiseGenerator(MethodGenerator):
         The greedy step is what greedy decoding asks of the model per token (fairseq's decoder, or the fast
         step's with --fast-step): the decoder on one token and the log-softmax of its output projection. The
         call is this generator's per-iteration model work: the decoder on a block of ``block_size`` tokens,
-        one output projection for p_1 and the heads at every block position, p_1's logsumexp, argmaxes. Each
+        p_1's output product at every block position and its logsumexp, the heads' proposals at the last
+        (on fairseq's decoder one output product for p_1 and the heads at every position), argmaxes. Each
         sample (batch 1) is encoded and the first ``prefix`` tokens of its reference prefix are cached; the two
         are then timed alternately ``repeats`` times, the cache cut back after each. Returns the median of the
         per-sample ratios of median times (the paper's speed arithmetic: speed ~ mean accepted block / this
@@ -201,6 +202,8 @@ class BlockwiseGenerator(MethodGenerator):
             length = tokens.size(1)
             cached = torch.tensor([length], device=device)
             block = tokens[:, -1:].expand(1, self.block_size).contiguous()
+            last_row = torch.zeros(1, dtype=torch.long, device=device)
+            last_position = torch.full((1,), self.block_size - 1, device=device)
             step_input = torch.cat([tokens, tokens[:, -1:]], dim=1)
             times = {"call": [], "step": []}
             saved = dict(self._stats)
@@ -214,7 +217,7 @@ class BlockwiseGenerator(MethodGenerator):
                 start = time.perf_counter()
                 _base, _lse, block_logits = self._verify_call(block, cached, cached - 1, encoder_out, state, max_len)
                 _base.argmax(dim=-1)
-                self._proposals(block_logits[:, -1])
+                self._proposals(self._proposal_logits(block_logits, last_row, last_position))
                 sync()
                 times["call"].append(time.perf_counter() - start)
                 self._truncate(state, length)
@@ -240,29 +243,35 @@ class BlockwiseGenerator(MethodGenerator):
         """One decoder call on ``block`` (B, m) and one output matmul for p_1 and the heads at every position.
 
         Returns p_1's constrained logits (B, m, V) and their raw logsumexp (B, m) (position i predicts output
-        token number generated + i + 1), and heads 2..k's logits (B, m, k - 1, V') at every position.
+        token number generated + i + 1), and what ``_proposal_logits`` reads the proposals from: here heads
+        2..k's logits (B, m, k - 1, V') at every position.
         """
         positions = (cached.unsqueeze(1) + torch.arange(block.size(1), device=block.device)).clamp(
             max=self.max_positions - 1)
         features = self._block_features(block, positions, encoder_out, incremental_state)
         self._stats["decoder_invocations"] += 1
-        base, proposal_logits = self._block_logits(features)
-        base, proposal_logits = base.float(), proposal_logits.float()
+        base, proposal_source = self._block_logits(features)
+        base = base.float()
         if self.temperature != 1.0:
-            base, proposal_logits = base / self.temperature, proposal_logits / self.temperature
+            base = base / self.temperature
         base.masked_fill_(base != base, -math.inf)  # as fairseq does with NaN log-probabilities
         # log_softmax before the rules, as SequenceGenerator: a score is logit - logsumexp of the raw row.
         lse = torch.logsumexp(base, dim=-1)
         index = (generated + 1).unsqueeze(1) + torch.arange(block.size(1), device=block.device)
         # The rules only mask and shift columns, so on logits they select what they would on log-probabilities.
         base = self.rules.apply(base, index, max_len)
-        return base, lse, proposal_logits
+        return base, lse, proposal_source
+
+    def _proposal_logits(self, proposal_source, row_index: Tensor, last: Tensor) -> Tensor:
+        """Heads 2..k's logits (B, k - 1, V') at block position ``last`` (B,) of each row, the last accepted."""
+        logits = self._heads_logits_at(proposal_source, row_index, last).float()
+        return logits / self.temperature if self.temperature != 1.0 else logits
 
     def _call(self, block, cached, generated, encoder_out, incremental_state, max_len, last: Tensor):
         """The first call (on BOS): its p_1 row, logsumexp and proposals at block position ``last`` (B,)."""
-        base, lse, logits = self._verify_call(block, cached, generated - 1, encoder_out, incremental_state, max_len)
+        base, lse, source = self._verify_call(block, cached, generated - 1, encoder_out, incremental_state, max_len)
         row_index = torch.arange(block.size(0), device=block.device)
-        proposals, lengths = self._proposals(logits[row_index, last])
+        proposals, lengths = self._proposals(self._proposal_logits(source, row_index, last))
         return base[row_index, last], lse[row_index, last], proposals, lengths
 
     def _proposals(self, logits: Tensor) -> Tuple[Tensor, Tensor]:
@@ -316,6 +325,10 @@ class BlockwiseGenerator(MethodGenerator):
     def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
         """p_1's logits (B, m, V) and heads 2..k's (B, m, k - 1, V') in one pass over the output projection."""
         return self.decoder.block_logits(features, self.block_size, self.proposal_vocab)
+
+    def _heads_logits_at(self, proposal_source: Tensor, row_index: Tensor, last: Tensor) -> Tensor:
+        """The proposal logits at the chosen positions, already computed for every position."""
+        return proposal_source[row_index, last]
 
     def _cached_length(self, state) -> int:
         return self.decoder.cached_length(state)

@@ -106,6 +106,8 @@ def available() -> bool:
                 library.fp_int8_gemm_packed.argtypes = [pointer, pointer, size, pointer, pointer, pointer, size, size,
                                                         pointer, pointer]
                 library.fp_int8_gemm_packed.restype = None
+            library.fp_float_gemm.argtypes = [pointer, size, pointer, size, size, pointer, pointer]
+            library.fp_float_gemm.restype = None
             library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
                                                       pointer, size, size]
@@ -331,6 +333,22 @@ def int8_product(x: Tensor, weight: Tensor, scales: Tensor, bias: Optional[Tenso
         return y
     _library.fp_int8_gemm(quantized.data_ptr(), row_scales.data_ptr(), rows, weight.data_ptr(), scales.data_ptr(),
                           out_rows, width, None if bias is None else bias.data_ptr(), y.data_ptr())
+    return y
+
+
+def float_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x (M, K) float32 contiguous times ``weight`` (N, K) float32 contiguous, + bias (N,): ``fp_float_gemm``,
+    which reads each weight row once for up to four input rows."""
+    rows, (out_rows, dim) = x.size(0), weight.shape
+    # The C code trusts these shapes (a mismatch would read out of bounds, not raise).
+    if not (x.dim() == 2 and x.size(1) == dim and x.dtype == weight.dtype == torch.float32 and x.is_contiguous()
+            and weight.is_contiguous() and x.device.type == weight.device.type == "cpu"
+            and (bias is None or (bias.shape == (out_rows,) and bias.dtype == torch.float32
+                                  and bias.is_contiguous()))):
+        raise ValueError("fp_float_gemm: tensors of unexpected shapes, types or layouts")
+    y = torch.empty(rows, out_rows)
+    _library.fp_float_gemm(x.data_ptr(), rows, weight.data_ptr(), out_rows, dim,
+                           None if bias is None else bias.data_ptr(), y.data_ptr())
     return y
 
 

@@ -264,8 +264,39 @@ static inline float horizontal_sum_ps(__m256 v) {
 }
 #endif
 
-/* y (M, N) = x (M, K) w^T (N, K) + b, float32, each weight row read once for every four input rows (MKL's
- * sgemm repacks the weight on every call at a few rows). */
+#if defined(__AVX2__)
+/* y[m + r, n] = x[m + r] . wn + b for r < R: R rows against one weight row, which is read once for all of
+ * them. R is a constant, so the accumulators stay in registers: two a row (even and odd blocks of 8), for the
+ * additions' latency. */
+static inline __attribute__((always_inline)) void float_rows_dot(const float *x, int64_t m, int64_t K, int64_t K8,
+                                                                 const float *wn, float b, float *y, int64_t N,
+                                                                 int64_t n, const int R) {
+    __m256 even[4], odd[4];
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K8; k += 16) {
+        const __m256 w0 = _mm256_loadu_ps(wn + k), w1 = _mm256_loadu_ps(wn + k + 8);
+        for (int r = 0; r < R; ++r) {
+            even[r] = _mm256_add_ps(even[r], _mm256_mul_ps(_mm256_loadu_ps(x + (m + r) * K + k), w0));
+            odd[r] = _mm256_add_ps(odd[r], _mm256_mul_ps(_mm256_loadu_ps(x + (m + r) * K + k + 8), w1));
+        }
+    }
+    for (; k < K8; k += 8) {
+        const __m256 w0 = _mm256_loadu_ps(wn + k);
+        for (int r = 0; r < R; ++r)
+            even[r] = _mm256_add_ps(even[r], _mm256_mul_ps(_mm256_loadu_ps(x + (m + r) * K + k), w0));
+    }
+    for (int r = 0; r < R; ++r) {
+        float s = horizontal_sum_ps(_mm256_add_ps(even[r], odd[r]));
+        for (k = K8; k < K; ++k) s += x[(m + r) * K + k] * wn[k];
+        y[(m + r) * N + n] = s + b;
+    }
+}
+#endif
+
+/* y (M, N) = x (M, K) w^T (N, K) + b, float32, each weight row read once for every four input rows, and once
+ * for the last two or three (a block of blockwise decoding, a double-token pair), so that a few rows cost
+ * about one row's weight reading (MKL's sgemm repacks the weight on every call at a few rows). */
 void fp_float_gemm(const float *x, int64_t M, const float *w, int64_t N, int64_t K, const float *bias, float *y) {
     const int64_t K8 = K / 8 * 8;
     for (int64_t n = 0; n < N; ++n) {
@@ -273,34 +304,10 @@ void fp_float_gemm(const float *x, int64_t M, const float *w, int64_t N, int64_t
         const float b = bias ? bias[n] : 0.0f;
         int64_t m = 0;
 #if defined(__AVX2__)
-        for (; m + 4 <= M; m += 4) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t k = 0; k < K8; k += 8) {
-                __m256 wv = _mm256_loadu_ps(wn + k);
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 0) * K + k), wv));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 1) * K + k), wv));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 2) * K + k), wv));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(x + (m + 3) * K + k), wv));
-            }
-            float s[4] = {horizontal_sum_ps(a0), horizontal_sum_ps(a1), horizontal_sum_ps(a2), horizontal_sum_ps(a3)};
-            for (int64_t r = 0; r < 4; ++r) {
-                for (int64_t k = K8; k < K; ++k) s[r] += x[(m + r) * K + k] * wn[k];
-                y[(m + r) * N + n] = s[r] + b;
-            }
-        }
-        for (; m < M; ++m) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            int64_t k = 0;
-            for (; k + 16 <= K8; k += 16) {
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k), _mm256_loadu_ps(wn + k)));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k + 8), _mm256_loadu_ps(wn + k + 8)));
-            }
-            for (; k < K8; k += 8)
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + m * K + k), _mm256_loadu_ps(wn + k)));
-            float s = horizontal_sum_ps(_mm256_add_ps(a0, a1));
-            for (k = K8; k < K; ++k) s += x[m * K + k] * wn[k];
-            y[m * N + n] = s + b;
-        }
+        for (; m + 4 <= M; m += 4) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 4);
+        if (M - m == 3) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 3), m += 3;
+        if (M - m == 2) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 2), m += 2;
+        if (M - m == 1) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 1);
 #else
         for (; m < M; ++m) {
             float s = 0.0f;
