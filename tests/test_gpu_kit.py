@@ -129,4 +129,6 @@ def test_summary_reads_curves_device_precision_and_stop_reason(tmp_path):
     assert [p["wall_seconds"] for p in run["curve"]] == [20, None, None]  # from each epoch's "| train |" line
     assert (run["best_epoch"], run["best_valid_loss"], run["epochs"]) == (2, 4.9, 3)
     assert run["train_seconds"] == 61.5 and run["stopped_by"].startswith("patience")
-    assert "| run | NVIDIA H100 80GB HBM3 | fp16 | 3 | 4.900 (3.600) @ 2 | 61.5 |" in (tmp_path / "training.md").read_text()
+    table = (tmp_path / "training.md").read_text()
+    assert "| run | NVIDIA H100 80GB HBM3 | fp16 | 3 | 4.900 (3.600) @ 2 | 61.5 |" in table
+    assert "| run | 5.500 / 4.100 (20 s) | 4.900 / 3.600 | 4.950 / 3.650 |" in table  # every epoch

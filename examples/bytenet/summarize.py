@@ -143,7 +143,8 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
     return os.path.basename(prefix), read_lines(f"{prefix}.{manifest['target_lang']}")
 
 
-LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "transformer-lm", "nanogpt-lm")
+LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "transformer-lm",
+              "nanogpt-lm")
 
 
 def final_checkpoint(work: str, name: str):

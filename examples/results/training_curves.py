@@ -62,11 +62,24 @@ def markdown(runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_markdown(runs: dict) -> str:
+    """Validation loss / nll at every epoch, with the training wall seconds at its end."""
+    epochs = max(point["epoch"] for r in runs.values() for point in r["curve"])
+    lines = ["| run | " + " | ".join(f"epoch {e}" for e in range(1, epochs + 1)) + " |",
+             "| --- |" + " --- |" * epochs]
+    for name, r in runs.items():
+        cells = {point["epoch"]: f"{point['loss']:.3f} / {point['nll_loss']:.3f}"
+                 + (f" ({point['wall_seconds']} s)" if point.get("wall_seconds") is not None else "")
+                 for point in r["curve"]}
+        lines.append(f"| {name} | " + " | ".join(cells.get(e, "") for e in range(1, epochs + 1)) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--logs", nargs="+", required=True, metavar="NAME=LOG", help="fairseq-train logs, each named")
     p.add_argument("--json", required=True, help="write the records here (-: to standard output)")
-    p.add_argument("--markdown", help="and a table here")
+    p.add_argument("--markdown", help="and two tables here: a run a line, then each epoch's validation loss")
     args = p.parse_args(argv)
     runs = {}
     for item in args.logs:
@@ -75,7 +88,7 @@ def main(argv=None):
             sys.exit(f"--logs {item}: NAME=LOG with LOG an existing file")
         runs[name] = read_log(path)
     for path, text in ((args.json, json.dumps({"runs": runs}, indent=1) + "\n"),
-                       (args.markdown, markdown(runs) if args.markdown else None)):
+                       (args.markdown, markdown(runs) + "\n" + curve_markdown(runs) if args.markdown else None)):
         if path == "-":
             sys.stdout.write(text)
         elif path:
