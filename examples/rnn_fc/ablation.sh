@@ -56,16 +56,20 @@ for step in $STEPS; do
   [[ $step == lstm ]] && continue
   settings "$step"
   echo "== $step: layout $layout, init $init, warm-up $warmup, FC dropout $fc_dropout, clip $clip"
-  LAYOUT=$layout WARMUP=$warmup CLIP_NORM=$clip TRAIN_FLAGS="--rnn-fc-fc-init $init --rnn-fc-fc-dropout $fc_dropout ${TRAIN_FLAGS:-}" \
+  LAYOUT=$layout WARMUP=$warmup CLIP_NORM=$clip \
+    TRAIN_FLAGS="--rnn-fc-fc-init $init --rnn-fc-fc-dropout $fc_dropout ${TRAIN_FLAGS:-}" \
     TRAIN_ON=raw SYSTEMS=fc4-tanh EPOCHS=$EPOCHS STAGES=train THREADS=${THREADS:-1} \
     "$RECIPE" "$BASE" "$(step_dir "$step")"
 done
 
 if [[ " $STEPS " == *" lstm "* ]]; then
   noclip_log=$(step_dir +noclip)/fc4-tanh/train.log
-  [[ -f $noclip_log ]] || { echo "the lstm step trains for +noclip's wall time: run +noclip first ($noclip_log)" >&2; exit 2; }
+  [[ -f $noclip_log ]] || {
+    echo "the lstm step trains for +noclip's wall time: run +noclip first ($noclip_log)" >&2
+    exit 2
+  }
   seconds=$(python "$(dirname "$0")/../results/training_curves.py" --logs "noclip=$noclip_log" --json - |
-    python -c 'import json, sys; run = json.load(sys.stdin)["runs"]["noclip"]; print(run["curve"][-1]["wall_seconds"])')
+    python -c 'import json, sys; print(json.load(sys.stdin)["runs"]["noclip"]["curve"][-1]["wall_seconds"])')
   mkdir -p "$WORK/lstm"
   echo "== lstm: $seconds s of training, as +noclip"
   OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$DATA/bin" --task translation --source-lang "$SRC" \
