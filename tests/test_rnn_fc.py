@@ -647,12 +647,11 @@ def test_the_ablation_recipe_adds_one_fix_a_step_and_times_the_lstm_to_the_last(
     models' settings, +noclip with today's defaults, and fairseq's lstm for +noclip's wall time; the curves are
     summarised per step. An unknown step stops it before any training."""
     import subprocess
-    import sys
+
+    from test_gpu_kit import kit_env
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-           "OMP_NUM_THREADS": "1", "EPOCHS": "1", "SRC": "src", "TGT": "tgt",
-           "TRAIN_FLAGS": "--max-update 8"}
+    env = kit_env(EPOCHS="1", SRC="src", TGT="tgt", TRAIN_FLAGS="--max-update 8")
     script = os.path.join(repo, "examples", "rnn_fc", "ablation.sh")
     base, work = os.path.dirname(prepared), tmp_path / "ablation"
     wrong = subprocess.run(["bash", script, base, str(work)], env={**env, "STEPS": "first +bogus"},
