@@ -4,13 +4,14 @@ and a tiny character model trained and decoded through fairseq's own entry point
 import argparse
 import os
 import random
+import subprocess
 
 import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from conftest import TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, run
+from conftest import REPO, TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, run
 from fairseq_plugins.bytenet import model as bytenet_model
 from fairseq_plugins.bytenet.layers import DilatedConv1d
 
@@ -320,6 +321,21 @@ def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(tmp_path):
     # can reach on this text: characters uniform over "ab " and line lengths uniform over 0..30 give 1.80 bits
     # a token to a model that knows each line's position (a model that sees the future would score near 0).
     assert 1.6 < loss < 2.0
+
+
+def test_the_recipe_refuses_a_cool_down_whose_starting_checkpoint_is_missing(tmp_path):
+    """A "-anneal" LM system starts from its source run's best checkpoint: without it (and without the source
+    among the systems to train first), the recipe names the file and the system to train and starts nothing."""
+    env = dict(os.environ, LM_SYSTEMS="bytenet-lm bytenet-lm-deep-anneal", STAGES="train-lm")
+    # bytenet-lm is listed first but must not start: the check comes before any training.
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
+                           str(tmp_path / "s"), str(tmp_path / "work")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    wanted = str(tmp_path / "work" / "bytenet-lm-deep" / "checkpoints" / "checkpoint_best.pt")
+    assert (f"bytenet-lm-deep-anneal starts from {wanted}, which does not exist: train bytenet-lm-deep first"
+            in proc.stderr)
+    assert not (tmp_path / "work" / "bytenet-lm").exists()
 
 
 def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):

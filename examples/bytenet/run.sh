@@ -6,7 +6,8 @@
 #              (fairseq-plugins prepare-lm)
 #   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
-#              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each
+#              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each; then the "-anneal"
+#              cool-downs of the deep ByteNets from one of their epoch checkpoints (ANNEAL_UPDATES, 372)
 #   average  : each trained system's last AVERAGE (5) epoch checkpoints averaged into checkpoint_avg.pt, which
 #              every later stage uses
 #   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
@@ -26,7 +27,8 @@
 #        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
-#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg transformer-lm nanogpt-lm": e.g. one
+#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg transformer-lm nanogpt-lm
+#        bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
 set -euo pipefail
@@ -107,8 +109,23 @@ bytenet_lm_deep_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-blocks 20 --dropout 0.
 # The deep model overfits after epoch 7 at dropout 0.2: more dropout and decoupled weight decay (fairseq's adam is
 # AdamW) to hold its best validation loss for longer.
 bytenet_lm_deep_reg_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-blocks 20 --dropout 0.3 --weight-decay 0.01)
+# Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
+# decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
+# rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4) to 0 over ANNEAL_UPDATES (372:
+# 3 epochs of 124 batches). They need their source run's checkpoint, so they train after the others.
+ANNEAL_UPDATES=${ANNEAL_UPDATES:-372}
+anneal_flags() {  # SOURCE LR: the cool-down of $WORK/SOURCE from its best checkpoint at LR
+  ANNEAL_FLAGS=(--finetune-from-model "$WORK/$1/checkpoints/checkpoint_best.pt" --lr-scheduler polynomial_decay
+    --lr "$2" --power 1 --end-learning-rate 0 --warmup-updates 12 --total-num-update "$ANNEAL_UPDATES"
+    --max-update "$ANNEAL_UPDATES")
+}
+anneal_flags bytenet-lm-deep 3.4e-4
+bytenet_lm_deep_anneal_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
+anneal_flags bytenet-lm-deep-reg 3.4e-4
+bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
-LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg transformer-lm nanogpt-lm}
+LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg transformer-lm nanogpt-lm
+  bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
 # What every stage after training decodes: the average of the last epochs once the average stage made it.
 final_checkpoint() {
   local dir=$WORK/$1/checkpoints
@@ -117,7 +134,30 @@ final_checkpoint() {
 # shellcheck disable=SC2086  # lists of names
 if stage train-mt; then train_pair $MT_SYSTEMS; fi
 # shellcheck disable=SC2086
-if stage train-lm; then train_pair $LM_SYSTEMS; fi
+cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
+  eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
+  local i
+  for i in "${!flags[@]}"; do
+    if [[ ${flags[$i]} == --finetune-from-model ]]; then echo "${flags[$((i + 1))]}"; fi
+  done
+}
+if stage train-lm; then
+  from_scratch=() cool_downs=()
+  for name in $LM_SYSTEMS; do
+    if [[ $name == *-anneal ]]; then cool_downs+=("$name"); else from_scratch+=("$name"); fi
+  done
+  for name in "${cool_downs[@]}"; do  # checked before anything starts
+    start=$(cool_down_start "$name")
+    source_system=${start#"$WORK/"}; source_system=${source_system%%/*}
+    # A cool-down that already saved a checkpoint resumes from it and no longer needs its source; one whose
+    # source trains first in this same run finds it once that training ends.
+    [[ -f $WORK/$name/checkpoints/checkpoint_last.pt || -f $start || " ${from_scratch[*]} " == *" $source_system "* ]] || {
+      echo "run.sh: $name starts from $start, which does not exist: train $source_system first" \
+        "(LM_SYSTEMS=$source_system)" >&2; exit 2; }
+  done
+  if (( ${#from_scratch[@]} )); then train_pair "${from_scratch[@]}"; fi
+  if (( ${#cool_downs[@]} )); then train_pair "${cool_downs[@]}"; fi
+fi
 if stage average; then
   for name in $MT_SYSTEMS $LM_SYSTEMS; do
     [[ -d $WORK/$name/checkpoints ]] && average_last_epochs "$WORK/$name/checkpoints" "$AVERAGE" \
