@@ -300,27 +300,101 @@ def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
     assert "trained with 1.2 and 0.0" in other.stderr
 
 
-@pytest.mark.slow  # trains a model (make test-fast runs the tests that train none)
-def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(tmp_path):
-    rng = random.Random(0)
-    text = ["".join(rng.choice("ab ") for _ in range(rng.randint(0, 30))) for _ in range(400)]
+def _character_lm_data(directory, alphabet, seed=0):
+    """prepare-lm's data directory for random lines over ``alphabet`` (train 360 lines, valid 40)."""
+    rng = random.Random(seed)
+    text = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(400)]
+    os.makedirs(directory, exist_ok=True)
     for name, lines in (("train.txt", text[:360]), ("valid.txt", text[360:])):
-        (tmp_path / name).write_text("\n".join(lines) + "\n")
-    data = str(tmp_path / "lm")
-    plugins_cli("prepare-lm", tmp_path / "train.txt", tmp_path / "valid.txt", data)
-    save_dir = str(tmp_path / "checkpoints")
-    run("fairseq_cli.train", os.path.join(data, "bin"), "--user-dir", USER_DIR, "--task", "language_modeling",
-        "--arch", "bytenet_lm_tiny", "--tokens-per-sample", "64", "--sample-break-mode", "none",
-        "--optimizer", "adam", "--lr", "3e-3", "--criterion", "cross_entropy", "--max-tokens", "2048",
-        "--max-update", "80", "--cpu", "--num-workers", "0", "--no-epoch-checkpoints", "--save-dir", save_dir)
-    proc = run("fairseq_cli.eval_lm", os.path.join(data, "bin"), "--user-dir", USER_DIR,
-               "--path", os.path.join(save_dir, "checkpoint_last.pt"), "--tokens-per-sample", "64",
-               "--max-tokens", "2048", "--gen-subset", "valid", "--cpu")
+        with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    data = os.path.join(directory, "lm")
+    plugins_cli("prepare-lm", os.path.join(directory, "train.txt"), os.path.join(directory, "valid.txt"), data)
+    return os.path.join(data, "bin")
+
+
+# bytenet_lm_tiny's receptive field is 125 characters: its training blocks may not be shorter.
+LM_TRAIN = ["--user-dir", USER_DIR, "--task", "language_modeling", "--arch", "bytenet_lm_tiny",
+            "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3", "--criterion", "cross_entropy",
+            "--max-tokens", "2048", "--cpu", "--num-workers", "0", "--no-epoch-checkpoints"]
+
+
+@pytest.fixture(scope="module")
+def language_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bytenet_lm")
+    data = _character_lm_data(str(root / "ab"), "ab ")
+    save_dir = str(root / "checkpoints")
+    run("fairseq_cli.train", data, *LM_TRAIN, "--tokens-per-sample", "128", "--max-update", "80",
+        "--save-dir", save_dir)
+    return {"root": root, "bin": data, "checkpoint": os.path.join(save_dir, "checkpoint_last.pt")}
+
+
+def _eval_lm(language_model, data, *flags, check=True):
+    return run("fairseq_cli.eval_lm", data, "--user-dir", USER_DIR, "--path", language_model["checkpoint"],
+               "--tokens-per-sample", "128", "--max-tokens", "2048", "--gen-subset", "valid", "--cpu", *flags,
+               check=check)
+
+
+@pytest.mark.slow  # trains a model (make test-fast runs the tests that train none)
+def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(language_model):
+    proc = _eval_lm(language_model, language_model["bin"])
     loss = float(proc.stderr.split("Loss (base 2): ")[1].split(",")[0])
     # Bits per character: below uniform over the dictionary (log2 8 = 3), and not below what a causal model
     # can reach on this text: characters uniform over "ab " and line lengths uniform over 0..30 give 1.80 bits
     # a token to a model that knows each line's position (a model that sees the future would score near 0).
     assert 1.6 < loss < 2.0
+    # Scoring with a context window shorter than the receptive field is fairseq-eval-lm's business, not refused.
+    _eval_lm(language_model, language_model["bin"], "--context-window", "96")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alphabet, size", [("xy ", 8), ("uvwxyz ", 16)])  # fairseq pads to a multiple of 8
+def test_a_character_data_directory_for_another_vocabulary_is_refused(language_model, alphabet, size):
+    """The checkpoint keeps its dictionary's fingerprint: another vocabulary is refused, naming the data
+    directory, whether or not its size would have made load_state_dict fail."""
+    other = _character_lm_data(str(language_model["root"] / alphabet.strip()), alphabet)
+    proc = _eval_lm(language_model, other, check=False)
+    assert proc.returncode != 0
+    assert f"InputError: {other}: its source dictionary ({size} symbols" in proc.stderr, \
+        proc.stderr[-1500:]
+    assert "is not the one this ByteNet language model was trained with (8 symbols" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_before_the_fingerprints_names_another_vocabulary_size(language_model):
+    old = str(language_model["root"] / "before_fingerprints.pt")
+    state = torch.load(language_model["checkpoint"], map_location="cpu", weights_only=False)
+    for key in ("target_dictionary_fingerprint", "target_dictionary_size",
+                "source_dictionary_fingerprint", "source_dictionary_size"):
+        delattr(state["cfg"]["model"], key)
+    torch.save(state, old)
+    other = _character_lm_data(str(language_model["root"] / "uvwxyz-before"), "uvwxyz ")
+    proc = run("fairseq_cli.eval_lm", other, "--user-dir", USER_DIR, "--path", old, "--tokens-per-sample", "128",
+               "--gen-subset", "valid", "--cpu", check=False)
+    assert proc.returncode != 0
+    assert (f"InputError: {other}: 16 symbols where this ByteNet language checkpoint was trained with 8 "
+            "(decoder.embed_tokens.weight)" in proc.stderr), proc.stderr[-1500:]
+
+
+def test_tokens_per_sample_below_the_receptive_field_is_refused_before_training(tmp_path):
+    data = _character_lm_data(str(tmp_path), "ab ")
+    proc = run("fairseq_cli.train", data, *LM_TRAIN, "--tokens-per-sample", "16", "--max-update", "1",
+               "--save-dir", str(tmp_path / "checkpoints"), check=False)
+    assert proc.returncode != 0
+    assert ("--tokens-per-sample 16: below this model's receptive field (125 characters: --decoder-blocks 5"
+            in proc.stderr), proc.stderr[-1500:]
+    assert "a token is predicted from at most the 15 before it instead of 124" in proc.stderr
+    assert "the layers of dilation 8, 16 reach back further than a block" in proc.stderr
+    assert not (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
+
+
+def test_a_translation_checkpoint_given_to_fairseq_eval_lm_is_refused(copy_model, tmp_path):
+    data = _character_lm_data(str(tmp_path), "ab ")
+    proc = run("fairseq_cli.eval_lm", data, "--user-dir", USER_DIR, "--path", copy_model["checkpoint"],
+               "--tokens-per-sample", "128", "--gen-subset", "valid", "--cpu", check=False)
+    assert proc.returncode != 0
+    assert ("InputError: --arch bytenet_tiny: a ByteNet translation model (source and target networks) given to "
+            "--task language_modeling" in proc.stderr), proc.stderr[-1500:]
 
 
 def test_the_recipe_refuses_a_cool_down_whose_starting_checkpoint_is_missing(tmp_path):

@@ -22,8 +22,11 @@ from fairseq.models import (
     register_model_architecture,
 )
 from fairseq.modules import FairseqDropout
+from fairseq.tasks.language_modeling import LanguageModelingTask
 from torch import Tensor, nn
 
+from ..common.dictionaries import check_vocabulary_sizes, data_directory, keep_or_check_model_dictionaries
+from ..common.textio import InputError
 from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, keeps_every_row, parse_dilations
 
 logger = logging.getLogger(__name__)
@@ -194,7 +197,13 @@ class ByteNetModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         bytenet(args)  # fill what a preset left unset
+        if isinstance(task, LanguageModelingTask):
+            raise InputError(
+                f"--arch {args.arch}: a ByteNet translation model (source and target networks) given to --task "
+                "language_modeling (fairseq-train, or fairseq-eval-lm with a translation checkpoint as --path): "
+                "the language model is --arch bytenet_lm (or a preset of it, e.g. bytenet_lm_shakespeare)")
         _check_args(args)
+        keep_or_check_model_dictionaries(args, task, "ByteNet")
         if args.unfold_a <= 0:
             raise ValueError(f"--unfold-a {args.unfold_a}: expected a positive number")
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
@@ -210,7 +219,15 @@ class ByteNetModel(FairseqEncoderDecoderModel):
         _warn_if_unfolding_changed(args)
         encoder = ByteNetEncoder(args, src_dict, encoder_embed)
         decoder = ByteNetDecoder(args, tgt_dict, decoder_embed, source_channels=args.encoder_embed_dim)
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        model.data_directory = data_directory(task)
+        return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_vocabulary_sizes(state_dict, {"encoder.embed_tokens.weight": len(self.encoder.dictionary),
+                                            "decoder.embed_tokens.weight": len(self.decoder.dictionary)},
+                               self.data_directory, "ByteNet")
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
 @register_model("bytenet_lm")
@@ -227,9 +244,40 @@ class ByteNetLanguageModel(FairseqLanguageModel):
     def build_model(cls, args, task):
         bytenet_lm(args)
         _check_args(args, sides=("decoder",))
+        keep_or_check_model_dictionaries(args, task, "ByteNet language")
         dictionary = task.target_dictionary
         embed = nn.Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
-        return cls(ByteNetDecoder(args, dictionary, embed))
+        model = cls(ByteNetDecoder(args, dictionary, embed))
+        _check_training_blocks(args, model.decoder)
+        model.data_directory = data_directory(task)
+        return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_vocabulary_sizes(state_dict, {"decoder.embed_tokens.weight": len(self.decoder.dictionary)},
+                               self.data_directory, "ByteNet language")
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def _check_training_blocks(args, decoder) -> None:
+    """--task language_modeling with --sample-break-mode none cuts the text into --tokens-per-sample blocks and
+    gives no context across them: below the receptive field the widest dilations only ever see padding.
+    ``args`` hold the training flags (a checkpoint's own, under fairseq-eval-lm, whose --context-window is
+    another matter), so this refuses a training, not a scoring."""
+    block, mode = getattr(args, "tokens_per_sample", None), getattr(args, "sample_break_mode", None)
+    field = decoder.receptive_field()
+    if block is None or str(mode) != "none" or block >= field:
+        return
+    cycle = parse_dilations(args.decoder_dilations, "--decoder-dilations")
+    used = {cycle[i % len(cycle)] for i in range(args.decoder_blocks)}
+    blind = sorted(d for d in used if (args.kernel_size - 1) * d >= block)
+    raise InputError(
+        f"--tokens-per-sample {block}: below this model's receptive field ({field} characters: --decoder-blocks "
+        f"{args.decoder_blocks}, --decoder-dilations {args.decoder_dilations}, --kernel-size {args.kernel_size}). "
+        f"With --sample-break-mode none each training block is {block} tokens with no context before it, so a "
+        f"token is predicted from at most the {block - 1} before it instead of {field - 1}"
+        + (f", and the layers of dilation {', '.join(map(str, blind))} reach back further than a block, so their "
+           "farthest taps only ever see padding" if blind else "")
+        + f": use --tokens-per-sample {field} or more, or fewer blocks or smaller dilations")
 
 
 def _check_args(args, sides=("encoder", "decoder")):

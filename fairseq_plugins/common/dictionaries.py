@@ -1,5 +1,6 @@
 """What files built from fairseq dictionaries share (registers nothing): a fingerprint of a dictionary, so
-that a table built from one data directory is refused with another, and the ids in order of frequency."""
+that a table or a model built from one data directory is refused with another, and the ids in order of
+frequency."""
 
 import hashlib
 from typing import Dict, List
@@ -25,6 +26,41 @@ def check_dictionaries(path: str, state: Dict, src_dict, tgt_dict, remedy: str) 
         raise InputError(f"{path}: built with another {side} dictionary ({state[f'{side}_dictionary_size']} symbols, "
                          f"fingerprint {state[f'{side}_dictionary']}) than this task's ({len(dictionary)} symbols, "
                          f"{dictionary_fingerprint(dictionary)}): {remedy}")
+
+
+def data_directory(task) -> str:
+    """The data directory a task reads its dictionaries from (the first of fairseq's colon-separated shards)."""
+    config = getattr(task, "cfg", None) or getattr(task, "args", None)  # legacy tasks (language_modeling) keep args
+    return str(getattr(config, "data", "") or "").split(":")[0] or "the task's data directory"
+
+
+def keep_or_check_model_dictionaries(args, task, model: str) -> None:
+    """A model built for the first time keeps its task's dictionary fingerprints in its args, which fairseq saves
+    in every checkpoint; built again from a checkpoint for a data directory with other dictionaries, it is
+    refused here. Otherwise another size fails in load_state_dict with a shape error that names no file, and the
+    same size (two character vocabularies, say) loads and silently gives every id another symbol."""
+    for side, dictionary in (("source", task.source_dictionary), ("target", task.target_dictionary)):
+        if dictionary is None:
+            continue
+        found, kept = dictionary_fingerprint(dictionary), getattr(args, f"{side}_dictionary_fingerprint", None)
+        if kept is None:
+            setattr(args, f"{side}_dictionary_fingerprint", found)
+            setattr(args, f"{side}_dictionary_size", len(dictionary))
+        elif kept != found:
+            raise InputError(
+                f"{data_directory(task)}: its {side} dictionary ({len(dictionary)} symbols, fingerprint {found}) is "
+                f"not the one this {model} model was trained with ({getattr(args, f'{side}_dictionary_size', '?')} "
+                f"symbols, {kept}; trained on {getattr(args, 'data', '?')}): give the data directory the model "
+                "was trained on")
+
+
+def check_vocabulary_sizes(state_dict, embeddings: Dict[str, int], data: str, model: str) -> None:
+    """For checkpoints saved before the fingerprints: at least another vocabulary size is named before
+    load_state_dict's shape error. ``embeddings`` maps a state-dict key to the size this task gives it."""
+    for key, size in embeddings.items():
+        if key in state_dict and state_dict[key].size(0) != size:
+            raise InputError(f"{data}: {size} symbols where this {model} checkpoint was trained with "
+                             f"{state_dict[key].size(0)} ({key}): give the data directory the model was trained on")
 
 
 def ids_by_count(dictionary) -> List[int]:
