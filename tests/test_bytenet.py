@@ -376,16 +376,30 @@ def test_a_checkpoint_from_before_the_fingerprints_names_another_vocabulary_size
             "(decoder.embed_tokens.weight)" in proc.stderr), proc.stderr[-1500:]
 
 
-def test_tokens_per_sample_below_the_receptive_field_is_refused_before_training(tmp_path):
+def test_tokens_per_sample_that_blinds_a_layer_is_refused_before_training(tmp_path):
     data = _character_lm_data(str(tmp_path), "ab ")
-    proc = run("fairseq_cli.train", data, *LM_TRAIN, "--tokens-per-sample", "16", "--max-update", "1",
+    # bytenet_lm_tiny: 5 blocks (two masked 3-tap convolutions each), dilations 1-16: the dilation-16
+    # convolutions reach back 32 tokens.
+    proc = run("fairseq_cli.train", data, *LM_TRAIN, "--tokens-per-sample", "30", "--max-update", "1",
                "--save-dir", str(tmp_path / "checkpoints"), check=False)
     assert proc.returncode != 0
-    assert ("--tokens-per-sample 16: below this model's receptive field (125 characters: --decoder-blocks 5"
+    assert ("InputError: --tokens-per-sample 30: below this model's receptive field (125 tokens: --decoder-blocks 5"
             in proc.stderr), proc.stderr[-1500:]
-    assert "a token is predicted from at most the 15 before it instead of 124" in proc.stderr
-    assert "the layers of dilation 8, 16 reach back further than a block" in proc.stderr
+    assert "a token is predicted from at most the 29 before it, not the 124 the model can see" in proc.stderr
+    assert ("the convolutions of dilation 16 reach back further than a block, so their farthest taps only ever see "
+            "padding: use --tokens-per-sample 33 or more" in proc.stderr)
     assert not (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.slow
+def test_tokens_per_sample_below_the_receptive_field_trains_with_a_warning(tmp_path):
+    data = _character_lm_data(str(tmp_path), "ab ")
+    proc = run("fairseq_cli.train", data, *LM_TRAIN, "--tokens-per-sample", "80", "--max-update", "2",
+               "--save-dir", str(tmp_path / "checkpoints"))
+    log = proc.stdout + proc.stderr  # fairseq-train logs to stdout
+    assert ("--tokens-per-sample 80: below this model's receptive field (125 tokens" in log
+            and "not the 124 the model can see (use --tokens-per-sample 125 for all of it)" in log)
+    assert (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
 
 
 def test_a_translation_checkpoint_given_to_fairseq_eval_lm_is_refused(copy_model, tmp_path):

@@ -103,7 +103,8 @@ transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]
 nanogpt_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_NANOGPT[@]}")
 # The ByteNet LM with more dropout: at 0.1 it overfits Tiny Shakespeare's 1M characters after ~7 epochs.
 bytenet_lm_d25_FLAGS=("${bytenet_lm_FLAGS[@]}" --dropout 0.25)
-# Deeper (20 blocks: receptive field 249 characters against 125) with more dropout, for the <= 2.05 bits target:
+# Deeper (20 blocks: receptive field 497 characters against 249, more than the 256-character blocks: capacity,
+# not context; fairseq-train warns) with more dropout, for the <= 2.05 bits target:
 # the 10-block model overfits at either dropout, so capacity and context are what it lacks.
 bytenet_lm_deep_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-blocks 20 --dropout 0.2)
 # The deep model overfits after epoch 7 at dropout 0.2: more dropout and decoupled weight decay (fairseq's adam is

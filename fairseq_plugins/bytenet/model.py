@@ -260,9 +260,11 @@ class ByteNetLanguageModel(FairseqLanguageModel):
 
 def _check_training_blocks(args, decoder) -> None:
     """--task language_modeling with --sample-break-mode none cuts the text into --tokens-per-sample blocks and
-    gives no context across them: below the receptive field the widest dilations only ever see padding.
-    ``args`` hold the training flags (a checkpoint's own, under fairseq-eval-lm, whose --context-window is
-    another matter), so this refuses a training, not a scoring."""
+    gives no context across them. Below the receptive field a token is predicted from less than the model could
+    see (a warning: the extra depth still adds capacity, as the 20-block Tiny Shakespeare LM shows); a layer whose
+    farthest tap reaches back further than a whole block sees only padding there, at every position (an error).
+    ``args`` hold the training flags (under fairseq-eval-lm, the checkpoint's own: its --context-window is
+    another matter), so this speaks of a training, not of a scoring."""
     block, mode = getattr(args, "tokens_per_sample", None), getattr(args, "sample_break_mode", None)
     field = decoder.receptive_field()
     if block is None or str(mode) != "none" or block >= field:
@@ -270,14 +272,17 @@ def _check_training_blocks(args, decoder) -> None:
     cycle = parse_dilations(args.decoder_dilations, "--decoder-dilations")
     used = {cycle[i % len(cycle)] for i in range(args.decoder_blocks)}
     blind = sorted(d for d in used if (args.kernel_size - 1) * d >= block)
-    raise InputError(
-        f"--tokens-per-sample {block}: below this model's receptive field ({field} characters: --decoder-blocks "
+    message = (
+        f"--tokens-per-sample {block}: below this model's receptive field ({field} tokens: --decoder-blocks "
         f"{args.decoder_blocks}, --decoder-dilations {args.decoder_dilations}, --kernel-size {args.kernel_size}). "
         f"With --sample-break-mode none each training block is {block} tokens with no context before it, so a "
-        f"token is predicted from at most the {block - 1} before it instead of {field - 1}"
-        + (f", and the layers of dilation {', '.join(map(str, blind))} reach back further than a block, so their "
-           "farthest taps only ever see padding" if blind else "")
-        + f": use --tokens-per-sample {field} or more, or fewer blocks or smaller dilations")
+        f"token is predicted from at most the {block - 1} before it, not the {field - 1} the model can see")
+    if blind:
+        raise InputError(
+            f"{message}, and the convolutions of dilation {', '.join(map(str, blind))} reach back further than "
+            f"a block, so their farthest taps only ever see padding: use --tokens-per-sample "
+            f"{(args.kernel_size - 1) * max(blind) + 1} or more, or smaller dilations")
+    logger.warning("%s (use --tokens-per-sample %d for all of it)", message, field)
 
 
 def _check_args(args, sides=("encoder", "decoder")):
