@@ -177,6 +177,29 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
             assert torch.allclose(alone, batched[row : row + 1], atol=1e-10)
 
 
+@pytest.mark.parametrize("preset", ["bytenet_tiny", "bytenet_lm_tiny"])
+def test_layerdrop_skips_whole_blocks_in_training_and_none_at_inference(preset):
+    side = "encoder" if preset == "bytenet_tiny" else "decoder"
+    model = build(preset, **{f"{side}_layerdrop": 0.5})
+    stack = getattr(model, side).stack
+    channels = stack.final_norm.normalized_shape[0]
+    x = torch.randn(2, 9, channels, dtype=torch.float64)
+    every_block = x
+    for block in stack.blocks:
+        every_block = block(every_block, None)
+    assert torch.equal(stack(x), stack.final_norm(every_block))  # eval mode: every block
+    stack.train()
+    torch.manual_seed(5)
+    skipped = torch.rand(len(stack.blocks)) < 0.5
+    assert 0 < int(skipped.sum()) < len(stack.blocks)  # this seed skips some blocks and keeps others
+    kept = x
+    for block, skip in zip(stack.blocks, skipped):
+        if not skip:
+            kept = block(kept, None)
+    torch.manual_seed(5)
+    assert torch.equal(stack(x), stack.final_norm(kept))
+
+
 @pytest.mark.parametrize("flags, message", [
     ({"kernel_size": 4}, r"--kernel-size 4: .*odd"),
     ({"encoder_dilations": "1,x"}, r"--encoder-dilations '1,x'"),
@@ -184,6 +207,8 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
     ({"unfold_a": 0.0}, r"--unfold-a 0.0"),
     ({"encoder_blocks": 0}, r"--encoder-blocks 0: expected >= 1"),
     ({"kernel_size": 0}, r"--kernel-size 0: expected a positive number"),
+    ({"decoder_layerdrop": 1.0}, r"--decoder-layerdrop 1.0: expected 0 <= P < 1"),
+    ({"encoder_layerdrop": -0.1}, r"--encoder-layerdrop -0.1: expected 0 <= P < 1"),
 ])
 def test_bad_model_flags_are_clear_errors(flags, message):
     with pytest.raises(ValueError, match=message):

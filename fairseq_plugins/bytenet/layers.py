@@ -191,8 +191,9 @@ def parse_dilations(text: str, flag: str) -> List[int]:
 class DilatedStack(nn.Module):
     """``blocks`` residual blocks whose dilations cycle through ``dilations`` (the paper's sets of five)."""
 
-    def __init__(self, channels, hidden, blocks, dilations, kernel_size, block_type, masked, dropout):
+    def __init__(self, channels, hidden, blocks, dilations, kernel_size, block_type, masked, dropout, layerdrop=0.0):
         super().__init__()
+        self.layerdrop = layerdrop
         if block_type not in BLOCK_TYPES:
             raise ValueError(f"block type {block_type!r}: expected one of {sorted(BLOCK_TYPES)}")
         block_class = BLOCK_TYPES[block_type]
@@ -212,8 +213,12 @@ class DilatedStack(nn.Module):
         """The whole sequence, or (with ``incremental_state``, masked stacks only) new frames after the cached
         ones. The cache is one entry for the whole stack, each convolution's last (k-1)r input frames."""
         if incremental_state is None:
-            for block in self.blocks:
-                x = block(x, keep)
+            # LayerDrop (Fan et al. 2019): in training each residual block is skipped (left the identity) with
+            # probability layerdrop; at inference every block runs.
+            skipped = torch.rand(len(self.blocks)) < self.layerdrop if self.training and self.layerdrop > 0 else None
+            for i, block in enumerate(self.blocks):
+                if skipped is None or not skipped[i]:
+                    x = block(x, keep)
             return self.final_norm(x)
         saved = self.get_incremental_state(incremental_state, "frames")
         per_block = self.convolutions_per_block

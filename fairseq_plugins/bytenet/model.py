@@ -48,6 +48,9 @@ def _add_stack_args(parser, side: str):
                         help=f"{side} dilation rates, cycled over the blocks (the paper: 1,2,4,8,16)")
     parser.add_argument(f"--{side}-block-type", choices=sorted(BLOCK_TYPES),
                         help=f"{side} residual block: relu (Fig. 3 left) or multiplicative (Fig. 3 right)")
+    parser.add_argument(f"--{side}-layerdrop", type=float, metavar="P",
+                        help=f"LayerDrop: in training, skip each {side} residual block with probability P "
+                             "(every block runs at inference; 0, the default, skips none)")
 
 
 def _add_shared_args(parser):
@@ -69,6 +72,7 @@ class ByteNetEncoder(FairseqEncoder):
             args.encoder_embed_dim, args.encoder_hidden_dim, args.encoder_blocks,
             parse_dilations(args.encoder_dilations, "--encoder-dilations"), args.kernel_size,
             args.encoder_block_type, masked=False, dropout=args.dropout,
+            layerdrop=args.encoder_layerdrop,
         )
         self.unfold_a, self.unfold_b = args.unfold_a, args.unfold_b
         self.max_source_positions = args.max_source_positions
@@ -116,6 +120,7 @@ class ByteNetDecoder(FairseqIncrementalDecoder):
             channels, args.decoder_hidden_dim, args.decoder_blocks,
             parse_dilations(args.decoder_dilations, "--decoder-dilations"), args.kernel_size,
             args.decoder_block_type, masked=True, dropout=args.dropout,
+            layerdrop=args.decoder_layerdrop,
         )
         self.output_hidden = nn.Linear(channels, args.output_hidden_dim)
         self.output_projection = nn.Linear(args.output_hidden_dim, len(dictionary))
@@ -298,6 +303,8 @@ def _check_args(args, sides=("encoder", "decoder")):
             if getattr(args, f"{side}_{name}") < 1:
                 raise ValueError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
         parse_dilations(getattr(args, f"{side}_dilations"), f"--{side}-dilations")
+        if not 0 <= getattr(args, f"{side}_layerdrop") < 1:
+            raise ValueError(f"--{side}-layerdrop {getattr(args, f'{side}_layerdrop')}: expected 0 <= P < 1")
 
 
 def _warn_if_unfolding_changed(args):
@@ -320,7 +327,7 @@ def _default(args, name: str, value) -> None:
 
 def _stack_defaults(args, side, embed, hidden, blocks, dilations="1,2,4,8,16", block_type="relu"):
     for name, value in (("embed_dim", embed), ("hidden_dim", hidden), ("blocks", blocks),
-                        ("dilations", dilations), ("block_type", block_type)):
+                        ("dilations", dilations), ("block_type", block_type), ("layerdrop", 0.0)):
         _default(args, f"{side}_{name}", value)
 
 
