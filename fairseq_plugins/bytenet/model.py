@@ -231,7 +231,7 @@ class ByteNetModel(FairseqEncoderDecoderModel):
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_vocabulary_sizes(state_dict, {"encoder.embed_tokens.weight": len(self.encoder.dictionary),
                                             "decoder.embed_tokens.weight": len(self.decoder.dictionary)},
-                               self.data_directory, "ByteNet")
+                               getattr(self, "data_directory", "the data directory"), "ByteNet")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
@@ -259,7 +259,7 @@ class ByteNetLanguageModel(FairseqLanguageModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_vocabulary_sizes(state_dict, {"decoder.embed_tokens.weight": len(self.decoder.dictionary)},
-                               self.data_directory, "ByteNet language")
+                               getattr(self, "data_directory", "the data directory"), "ByteNet language")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
