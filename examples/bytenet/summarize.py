@@ -14,10 +14,10 @@ import os
 import re
 import sys
 
-import sacrebleu
 import torch
 
 from fairseq_plugins.bench import report
+from fairseq_plugins.bench.harness import bleu_figures
 from fairseq_plugins.common.plots import pyplot, save_png
 from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
@@ -52,8 +52,9 @@ def training(log_path: str) -> dict:
     }
 
 
-def bleu(hypotheses: str, references: list) -> float:
-    return round(sacrebleu.corpus_bleu(read_lines(hypotheses, allow_empty_lines=True), [references]).score, 2)
+def bleu(hypotheses: str, references: list) -> dict:
+    """sacreBLEU with its signature, brevity penalty, precisions and output/reference length ratio."""
+    return bleu_figures(read_lines(hypotheses, allow_empty_lines=True), references)
 
 
 def bits_per_character(log_path: str):
@@ -143,8 +144,8 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
     return os.path.basename(prefix), read_lines(f"{prefix}.{manifest['target_lang']}")
 
 
-LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "transformer-lm",
-              "nanogpt-lm")
+LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "bytenet-lm-deep-layerdrop",
+              "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm", "nanogpt-lm")
 
 
 def final_checkpoint(work: str, name: str):
@@ -167,7 +168,9 @@ def main(work: str, raw_dir: str, out: str) -> None:
                   "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             beam = re.search(r"beam(\d+)", path).group(1)
-            system[f"bleu_beam{beam}_lenpen0"] = bleu(path, references)
+            figures = bleu(path, references)
+            system[f"bleu_beam{beam}_lenpen0"] = figures["bleu"]
+            system[f"beam{beam}_lenpen0"] = figures
         result["translation"][name] = system
     for name in LM_SYSTEMS:
         if final_checkpoint(work, name) is None:

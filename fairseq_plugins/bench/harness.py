@@ -309,7 +309,7 @@ def _method_task_flags(cfg) -> Dict:
     return {key: cfg.task[key] for key in cfg.task if key not in stock and key != "_name"}
 
 
-def _bleu_figures(texts: List[str], references: List[str]) -> Dict:
+def bleu_figures(texts: List[str], references: List[str]) -> Dict:
     """sacrebleu's corpus BLEU with what explains it: brevity penalty, n-gram precisions, lengths."""
     import sacrebleu
 
@@ -342,7 +342,7 @@ def _figures(measurement: Measurement, latencies: List[float], ids: List[int], t
     seconds = measurement.median_run_seconds
     return {
         "generator": generator_info,
-        **_bleu_figures(texts, [references[i] for i in ids]),
+        **bleu_figures(texts, [references[i] for i in ids]),
         "sentences_per_s": len(ids) / seconds,
         "tokens_per_s": target_tokens / seconds,
         "words_per_s": target_words / seconds,
@@ -533,7 +533,7 @@ def _whole_split_bleu(args, generators: Generators, dataset, timed_ids: List[int
         hypotheses = dict(timings.measurements[name].hypotheses)
         for batch in tqdm(untimed, desc=f"{name}: untimed sentences, for BLEU", leave=False):
             hypotheses.update(decode(batch))
-        figures[name] = _bleu_figures(_detokenized(hypotheses, every, tgt_dict, tokenizer),
+        figures[name] = bleu_figures(_detokenized(hypotheses, every, tgt_dict, tokenizer),
                                       [references[i] for i in every])
     logger.info("bench: BLEU on all %d sentences: %.2f (stock %.2f)", len(every), figures["method"]["bleu"],
                 figures["stock"]["bleu"])
