@@ -338,14 +338,14 @@ def _character_lm_data(directory, alphabet, seed=0):
     return os.path.join(data, "bin")
 
 
-# bytenet_lm_tiny's receptive field is 125 characters: its training blocks may not be shorter.
+# bytenet_lm_tiny's receptive field is 125 characters: shorter training blocks warn (below 33, refused).
 LM_TRAIN = ["--user-dir", USER_DIR, "--task", "language_modeling", "--arch", "bytenet_lm_tiny",
             "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "3e-3", "--criterion", "cross_entropy",
             "--max-tokens", "2048", "--cpu", "--num-workers", "0", "--no-epoch-checkpoints"]
 
 
 @pytest.fixture(scope="module")
-def language_model(tmp_path_factory):
+def lm_trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("bytenet_lm")
     data = _character_lm_data(str(root / "ab"), "ab ")
     save_dir = str(root / "checkpoints")
@@ -354,46 +354,47 @@ def language_model(tmp_path_factory):
     return {"root": root, "bin": data, "checkpoint": os.path.join(save_dir, "checkpoint_last.pt")}
 
 
-def _eval_lm(language_model, data, *flags, check=True):
-    return run("fairseq_cli.eval_lm", data, "--user-dir", USER_DIR, "--path", language_model["checkpoint"],
+def _eval_lm(lm_trained, data, *flags, check=True):
+    return run("fairseq_cli.eval_lm", data, "--user-dir", USER_DIR, "--path", lm_trained["checkpoint"],
                "--tokens-per-sample", "128", "--max-tokens", "2048", "--gen-subset", "valid", "--cpu", *flags,
                check=check)
 
 
 @pytest.mark.slow  # trains a model (make test-fast runs the tests that train none)
-def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(language_model):
-    proc = _eval_lm(language_model, language_model["bin"])
+def test_the_language_model_trains_and_is_scored_by_fairseq_eval_lm(lm_trained):
+    proc = _eval_lm(lm_trained, lm_trained["bin"])
     loss = float(proc.stderr.split("Loss (base 2): ")[1].split(",")[0])
     # Bits per character: below uniform over the dictionary (log2 8 = 3), and not below what a causal model
     # can reach on this text: characters uniform over "ab " and line lengths uniform over 0..30 give 1.80 bits
     # a token to a model that knows each line's position (a model that sees the future would score near 0).
     assert 1.6 < loss < 2.0
     # Scoring with a context window shorter than the receptive field is fairseq-eval-lm's business, not refused.
-    _eval_lm(language_model, language_model["bin"], "--context-window", "96")
+    _eval_lm(lm_trained, lm_trained["bin"], "--context-window", "96")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("alphabet, size", [("xy ", 8), ("uvwxyz ", 16)])  # fairseq pads to a multiple of 8
-def test_a_character_data_directory_for_another_vocabulary_is_refused(language_model, alphabet, size):
+def test_a_character_data_directory_for_another_vocabulary_is_refused(lm_trained, alphabet, size):
     """The checkpoint keeps its dictionary's fingerprint: another vocabulary is refused, naming the data
     directory, whether or not its size would have made load_state_dict fail."""
-    other = _character_lm_data(str(language_model["root"] / alphabet.strip()), alphabet)
-    proc = _eval_lm(language_model, other, check=False)
+    other = _character_lm_data(str(lm_trained["root"] / alphabet.strip()), alphabet)
+    proc = _eval_lm(lm_trained, other, check=False)
     assert proc.returncode != 0
     assert f"InputError: {other}: its source dictionary ({size} symbols" in proc.stderr, \
         proc.stderr[-1500:]
     assert "is not the one this ByteNet language model was trained with (8 symbols" in proc.stderr
+    assert f"trained on {lm_trained['bin']}): give the data directory the model was trained on" in proc.stderr
 
 
 @pytest.mark.slow
-def test_a_checkpoint_from_before_the_fingerprints_names_another_vocabulary_size(language_model):
-    old = str(language_model["root"] / "before_fingerprints.pt")
-    state = torch.load(language_model["checkpoint"], map_location="cpu", weights_only=False)
+def test_a_checkpoint_from_before_the_fingerprints_names_another_vocabulary_size(lm_trained):
+    old = str(lm_trained["root"] / "before_fingerprints.pt")
+    state = torch.load(lm_trained["checkpoint"], map_location="cpu", weights_only=False)
     for key in ("target_dictionary_fingerprint", "target_dictionary_size",
-                "source_dictionary_fingerprint", "source_dictionary_size"):
+                "source_dictionary_fingerprint", "source_dictionary_size", "dictionaries_data"):
         delattr(state["cfg"]["model"], key)
     torch.save(state, old)
-    other = _character_lm_data(str(language_model["root"] / "uvwxyz-before"), "uvwxyz ")
+    other = _character_lm_data(str(lm_trained["root"] / "uvwxyz-before"), "uvwxyz ")
     proc = run("fairseq_cli.eval_lm", other, "--user-dir", USER_DIR, "--path", old, "--tokens-per-sample", "128",
                "--gen-subset", "valid", "--cpu", check=False)
     assert proc.returncode != 0
@@ -449,6 +450,12 @@ def test_the_recipe_refuses_a_cool_down_whose_starting_checkpoint_is_missing(tmp
     assert (f"bytenet-lm-deep-anneal starts from {wanted}, which does not exist: train bytenet-lm-deep first"
             in proc.stderr)
     assert not (tmp_path / "work" / "bytenet-lm").exists()
+    env["LM_SYSTEMS"] = "bytenet-lm-shallow-anneal"  # no such system
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
+                           str(tmp_path / "s"), str(tmp_path / "work")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "LM_SYSTEMS names bytenet-lm-shallow-anneal, which is not a cool-down of this recipe" in proc.stderr
 
 
 def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):

@@ -7,7 +7,7 @@
 #   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
 #              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each; then the "-anneal"
-#              cool-downs of the deep ByteNets from one of their epoch checkpoints (ANNEAL_UPDATES, 372)
+#              cool-downs of the deep ByteNets from their best checkpoints (ANNEAL_UPDATES, 372)
 #   average  : each trained system's last AVERAGE (5) epoch checkpoints averaged into checkpoint_avg.pt, which
 #              every later stage uses
 #   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
@@ -115,8 +115,9 @@ bytenet_lm_deep_reg_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-blocks 20 --dropou
 bytenet_lm_deep_layerdrop_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --decoder-layerdrop 0.2)
 # Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
 # decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
-# rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4) to 0 over ANNEAL_UPDATES (372:
-# 3 epochs of 124 batches). They need their source run's checkpoint, so they train after the others.
+# rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4; a re-run whose best lands
+# elsewhere needs 1e-3 * sqrt(100 / update) there) to 0 over ANNEAL_UPDATES (372: 3 epochs of 124 batches).
+# They need their source run's checkpoint, so they train after the others.
 ANNEAL_UPDATES=${ANNEAL_UPDATES:-372}
 anneal_flags() {  # SOURCE LR: the cool-down of $WORK/SOURCE from its best checkpoint at LR
   ANNEAL_FLAGS=(--finetune-from-model "$WORK/$1/checkpoints/checkpoint_best.pt" --lr-scheduler polynomial_decay
@@ -137,7 +138,6 @@ final_checkpoint() {
 }
 # shellcheck disable=SC2086  # lists of names
 if stage train-mt; then train_pair $MT_SYSTEMS; fi
-# shellcheck disable=SC2086
 cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
   eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
   local i
@@ -147,11 +147,13 @@ cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its 
 }
 if stage train-lm; then
   from_scratch=() cool_downs=()
+  # shellcheck disable=SC2086  # a list of names
   for name in $LM_SYSTEMS; do
     if [[ $name == *-anneal ]]; then cool_downs+=("$name"); else from_scratch+=("$name"); fi
   done
   for name in "${cool_downs[@]}"; do  # checked before anything starts
     start=$(cool_down_start "$name")
+    [[ -n $start ]] || { echo "run.sh: LM_SYSTEMS names $name, which is not a cool-down of this recipe" >&2; exit 2; }
     source_system=${start#"$WORK/"}; source_system=${source_system%%/*}
     # A cool-down that already saved a checkpoint resumes from it and no longer needs its source; one whose
     # source trains first in this same run finds it once that training ends.

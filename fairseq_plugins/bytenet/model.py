@@ -50,7 +50,8 @@ def _add_stack_args(parser, side: str):
                         help=f"{side} residual block: relu (Fig. 3 left) or multiplicative (Fig. 3 right)")
     parser.add_argument(f"--{side}-layerdrop", type=float, metavar="P",
                         help=f"LayerDrop: in training, skip each {side} residual block with probability P "
-                             "(every block runs at inference; 0, the default, skips none)")
+                             "(every block runs at inference; 0, the default, skips none; with several workers "
+                             "use --ddp-backend legacy_ddp or --find-unused-parameters)")
 
 
 def _add_shared_args(parser):
@@ -249,11 +250,12 @@ class ByteNetLanguageModel(FairseqLanguageModel):
     def build_model(cls, args, task):
         bytenet_lm(args)
         _check_args(args, sides=("decoder",))
-        keep_or_check_model_dictionaries(args, task, "ByteNet language")
+        first_build = keep_or_check_model_dictionaries(args, task, "ByteNet language")
         dictionary = task.target_dictionary
         embed = nn.Embedding(len(dictionary), args.decoder_embed_dim, dictionary.pad())
         model = cls(ByteNetDecoder(args, dictionary, embed))
-        _check_training_blocks(args, model.decoder)
+        if first_build:  # a training's flags; a checkpoint loaded to score or decode was checked when it trained
+            _check_training_blocks(args, model.decoder)
         model.data_directory = data_directory(task)
         return model
 
@@ -268,8 +270,8 @@ def _check_training_blocks(args, decoder) -> None:
     gives no context across them. Below the receptive field a token is predicted from less than the model could
     see (a warning: the extra depth still adds capacity, as the 20-block Tiny Shakespeare LM shows); a layer whose
     farthest tap reaches back further than a whole block sees only padding there, at every position (an error).
-    ``args`` hold the training flags (under fairseq-eval-lm, the checkpoint's own: its --context-window is
-    another matter), so this speaks of a training, not of a scoring."""
+    Run on a first build only (fairseq-train's), not when a checkpoint is loaded to be scored (fairseq-eval-lm's
+    --context-window is another matter)."""
     block, mode = getattr(args, "tokens_per_sample", None), getattr(args, "sample_break_mode", None)
     field = decoder.receptive_field()
     if block is None or str(mode) != "none" or block >= field:

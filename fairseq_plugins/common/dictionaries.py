@@ -34,24 +34,30 @@ def data_directory(task) -> str:
     return str(getattr(config, "data", "") or "").split(":")[0] or "the task's data directory"
 
 
-def keep_or_check_model_dictionaries(args, task, model: str) -> None:
-    """A model built for the first time keeps its task's dictionary fingerprints in its args, which fairseq saves
-    in every checkpoint; built again from a checkpoint for a data directory with other dictionaries, it is
-    refused here. Otherwise another size fails in load_state_dict with a shape error that names no file, and the
-    same size (two character vocabularies, say) loads and silently gives every id another symbol."""
+def keep_or_check_model_dictionaries(args, task, model: str) -> bool:
+    """A model built for the first time keeps its task's dictionary fingerprints (and data directory) in its
+    args, which fairseq saves in every checkpoint; built again from a checkpoint for a data directory with other
+    dictionaries, it is refused here. Otherwise another size fails in load_state_dict with a shape error that
+    names no file, and the same size (two character vocabularies, say) loads and silently gives every id another
+    symbol. Returns whether this was a first build (fairseq-train's, or a checkpoint saved before fingerprints)."""
+    first_build = False
     for side, dictionary in (("source", task.source_dictionary), ("target", task.target_dictionary)):
         if dictionary is None:
             continue
         found, kept = dictionary_fingerprint(dictionary), getattr(args, f"{side}_dictionary_fingerprint", None)
         if kept is None:
+            first_build = True
             setattr(args, f"{side}_dictionary_fingerprint", found)
             setattr(args, f"{side}_dictionary_size", len(dictionary))
+            # Not args.data: fairseq's --model-overrides and the hub interface overwrite it with today's directory.
+            args.dictionaries_data = data_directory(task)
         elif kept != found:
             raise InputError(
                 f"{data_directory(task)}: its {side} dictionary ({len(dictionary)} symbols, fingerprint {found}) is "
                 f"not the one this {model} model was trained with ({getattr(args, f'{side}_dictionary_size', '?')} "
-                f"symbols, {kept}; trained on {getattr(args, 'data', '?')}): give the data directory the model "
-                "was trained on")
+                f"symbols, {kept}; trained on {getattr(args, 'dictionaries_data', '?')}): give the data directory "
+                "the model was trained on")
+    return first_build
 
 
 def check_vocabulary_sizes(state_dict, embeddings: Dict[str, int], data: str, model: str) -> None:
