@@ -28,7 +28,8 @@
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
-#        bytenet-lm-deep-layerdrop transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal": e.g. one
+#        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 transformer-lm nanogpt-lm bytenet-lm-deep-anneal
+#        bytenet-lm-deep-reg-anneal": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
 set -euo pipefail
@@ -113,6 +114,10 @@ bytenet_lm_deep_reg_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-blocks 20 --dropou
 # LayerDrop (whole residual blocks skipped in training, each with probability 0.2): the regularisation that
 # dropout (0.1-0.3) and weight decay did not give the 20-block model.
 bytenet_lm_deep_layerdrop_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --decoder-layerdrop 0.2)
+# The 20-block model on 512-character training blocks (its receptive field is 497): every scored character of
+# the evaluation has 192-255 characters before it, while a 256-character block gives half its positions fewer
+# than 128 in training.
+bytenet_lm_deep_512_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --tokens-per-sample 512)
 # Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
 # decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
 # rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4; a re-run whose best lands
@@ -130,7 +135,7 @@ anneal_flags bytenet-lm-deep-reg 3.4e-4
 bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
 LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
-  transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
+  bytenet-lm-deep-512 transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
 # What every stage after training decodes: the average of the last epochs once the average stage made it.
 final_checkpoint() {
   local dir=$WORK/$1/checkpoints

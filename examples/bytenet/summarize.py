@@ -145,7 +145,8 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
 
 
 LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "bytenet-lm-deep-layerdrop",
-              "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm", "nanogpt-lm")
+              "bytenet-lm-deep-512", "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm",
+              "nanogpt-lm")
 
 
 def final_checkpoint(work: str, name: str):
