@@ -440,20 +440,20 @@ def test_a_translation_checkpoint_given_to_fairseq_eval_lm_is_refused(copy_model
 def test_the_recipe_refuses_a_cool_down_whose_starting_checkpoint_is_missing(tmp_path):
     """A "-anneal" LM system starts from its source run's best checkpoint: without it (and without the source
     among the systems to train first), the recipe names the file and the system to train and starts nothing."""
-    env = dict(os.environ, LM_SYSTEMS="bytenet-lm bytenet-lm-deep-anneal", STAGES="train-lm")
+    def train_lm(systems):
+        return subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
+                               str(tmp_path / "s"), str(tmp_path / "work")],
+                              env=dict(os.environ, LM_SYSTEMS=systems, STAGES="train-lm"),
+                              capture_output=True, text=True, timeout=120)
+
     # bytenet-lm is listed first but must not start: the check comes before any training.
-    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
-                           str(tmp_path / "s"), str(tmp_path / "work")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = train_lm("bytenet-lm bytenet-lm-deep-anneal")
     assert proc.returncode == 2, proc.stderr
     wanted = str(tmp_path / "work" / "bytenet-lm-deep" / "checkpoints" / "checkpoint_best.pt")
     assert (f"bytenet-lm-deep-anneal starts from {wanted}, which does not exist: train bytenet-lm-deep first"
             in proc.stderr)
     assert not (tmp_path / "work" / "bytenet-lm").exists()
-    env["LM_SYSTEMS"] = "bytenet-lm-shallow-anneal"  # no such system
-    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
-                           str(tmp_path / "s"), str(tmp_path / "work")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = train_lm("bytenet-lm-shallow-anneal")  # no such system
     assert proc.returncode == 2
     assert "LM_SYSTEMS names bytenet-lm-shallow-anneal, which is not a cool-down of this recipe" in proc.stderr
 
