@@ -180,8 +180,8 @@ def test_fast_proposal_heads_are_the_models_heads(layout, learned_first_head):
     ("separate", {"adaptive_threshold": 0.3}), ("learned p_1", {}),
 ])
 def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
-    """The fast step's blocks (one block_step a decoder call, fairseq's decoder never called) give stock
-    greedy decoding's tokens and scores, sentence by sentence through a batch."""
+    """The fast step's blocks (one block_step a decoder call for the whole batch, fairseq's decoder never
+    called) give stock greedy decoding's tokens and scores."""
     from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
 
     model, dictionary = random_model(layout="joint" if heads in ("random", "learned p_1") else "separate",
@@ -194,9 +194,8 @@ def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
     expected = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=25).generate([model], sample)
     for block_size in (1, 3, HEADS):
         generator = FastStepBlockwiseGenerator(model, dictionary, block_size, max_len_b=25, **settings)
-        blocks = []
-        block_step = generator.engine.block_step
-        generator.engine.block_step = lambda tokens: blocks.append(tokens.numel()) or block_step(tokens)
+        blocks, block_step = [], generator.engine.block_step
+        generator.engine.block_step = lambda tokens: blocks.append(tuple(tokens.shape)) or block_step(tokens)
         head_rows, proposal_heads = [], generator.proposal_heads
         generator.proposal_heads = lambda x: head_rows.append(x.size(0)) or proposal_heads(x)
         model.decoder.forward = lambda *a, **k: pytest.fail("the fast step must not call fairseq's decoder")
@@ -207,11 +206,31 @@ def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
         del model.decoder.forward
         stats = generator.generation_stats()
         assert stats["fast_step"] and stats["sentences"] == 6 and len(blocks) == stats["decoder_invocations"]
-        # heads 2..k once a call, on the last accepted position's row only
-        assert head_rows == ([1] * len(blocks) if block_size > 1 else [])
-        assert stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
+        # heads 2..k once a call, on each sentence's last accepted position only
+        assert head_rows == ([rows for rows, _m in blocks] if block_size > 1 else [])
+        assert blocks[0][0] == 6 and stats["tokens"] == sum(len(h[0]["tokens"]) for h in expected)
         if heads == "copying" and block_size > 1 and not settings:
-            assert stats["mean_accepted_block_size"] > block_size - 1 and max(blocks) == block_size
+            assert stats["mean_accepted_block_size"] > block_size - 1 and max(m for _rows, m in blocks) == block_size
+
+
+def test_inexact_acceptance_on_the_fast_step_is_fairseqs_steps():
+    """Where acceptance is looser than greedy's, random heads get different numbers of tokens accepted in the
+    sentences of a batch: the fast step's masked caches accept, token for token, what fairseq's decoder with
+    its repacked caches accepts."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+
+    model, dictionary = random_model(layout="separate")
+    sample = random_batch(dictionary, bsz=8)
+    acceptance = {"acceptance": "topk", "topk": len(dictionary) // 2}  # half the proposals pass, row by row
+    expected = BlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **acceptance).generate([model], sample)
+    generator = FastStepBlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **acceptance)
+    kept, keep_block = [], generator.engine.keep_block
+    generator.engine.keep_block = lambda start, accepted: kept.append(accepted.tolist()) or keep_block(start, accepted)
+    got = generator.generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in got] == [h[0]["tokens"].tolist() for h in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g[0]["positional_scores"], e[0]["positional_scores"], rtol=0, atol=1e-4)
+    assert sum(len(set(accepted)) > 1 for accepted in kept) >= 3  # ragged, more than once
 
 
 def test_int8_blockwise_on_the_fast_step_is_the_fast_steps_int8_greedy():

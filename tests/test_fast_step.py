@@ -117,6 +117,52 @@ def test_blocks_of_positions_and_rollback_give_fairseqs_logits(layout, fused):
             engine.truncate(13)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["native layer", "torch operations"])
+def test_rows_that_keep_different_parts_of_their_blocks_get_fairseqs_logits(fused):
+    """A batch whose sentences keep different numbers of their blocks (blockwise decoding's acceptance,
+    ``keep_block``): every row's logits stay those of fairseq's full forward on that row's own prefix, through
+    a dropped row, the caches' growth and a plain step after; ``truncate`` then refuses."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    sample = random_batch(dictionary, 3, src_len=7, seed=1)
+    sample["net_input"]["src_tokens"][1, :2] = dictionary.pad()  # left padding: the source mask is used
+    sample["net_input"]["src_lengths"][1] = 5
+    prefix = torch.randint(dictionary.nspecial, len(dictionary), (3, 16), generator=torch.Generator().manual_seed(2))
+    prefix[:, 0] = dictionary.eos()
+    wrong = (prefix + 1) % len(dictionary)
+    engine = FastDecoderStep(model.decoder, fused=fused)
+    with torch.no_grad():
+        encoder_out = model.encoder(**sample["net_input"])
+        expected = model.decoder(prefix, encoder_out=encoder_out)[0]  # (3, 16, V)
+        engine.start(encoder_out, max_steps=4)
+        rows = [0, 1, 2]  # the sentence of each engine row
+        position = torch.zeros(3, dtype=torch.long)  # each sentence's kept prefix
+        # (block size, positions each live row keeps); sentence 1 leaves after the fourth block
+        for call, (size, keeps) in enumerate(((1, [1, 1, 1]), (3, [1, 3, 2]), (4, [4, 1, 2]), (2, [2, 2, 1]),
+                                              (5, [2, 5]), (3, [3, 1]))):
+            block = torch.stack([torch.cat([prefix[r, position[r]:position[r] + k],
+                                            wrong[r, position[r] + k:position[r] + size]])
+                                 for r, k in zip(rows, keeps)])
+            start = engine.length
+            logits = engine.logits(engine.block_step(block)).view(len(rows), size, -1)
+            for i, (r, k) in enumerate(zip(rows, keeps)):
+                torch.testing.assert_close(logits[i, :k], expected[r, position[r]:position[r] + k], rtol=0, atol=2e-5)
+                position[r] += k
+            engine.keep_block(start, torch.tensor(keeps))
+            assert engine.length == start + max(keeps)
+            if call == 3:
+                engine.reorder(torch.tensor([0, 2]))
+                rows = [0, 2]
+        assert engine.row_lengths.tolist() == position[rows].tolist()
+        steps = engine.logits(engine.step(prefix[rows, position[rows]]))
+        for i, r in enumerate(rows):
+            torch.testing.assert_close(steps[i], expected[r, position[r]], rtol=0, atol=2e-5)
+        with pytest.raises(ValueError, match="the rows' prefixes differ in length"):
+            engine.truncate(3)
+        with pytest.raises(ValueError, match=r"keep_block\(0, \[1\]\): the engine holds 2 rows"):
+            engine.keep_block(0, torch.tensor([1]))
+
+
 def test_a_block_of_the_int8_engine_is_its_steps():
     """int8: a block's positions are the rows of one product, each with its own activation scale, so the
     block gives what the same positions one step at a time give."""

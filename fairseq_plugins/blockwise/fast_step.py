@@ -2,16 +2,17 @@
 
 The same predict-verify-accept loop as ``BlockwiseGenerator``; its model calls run on ``FastDecoderStep``:
 a block of proposals goes through each decoder layer as the rows of one product (``block_step``: each weight
-read once for the block), the rejected tail is dropped by moving the cache's end back (``truncate``), p_1 is
-projected at every fed position, the heads only at the last accepted one (found by verification first), and
-the heads and output products use the step's precision (float32 or int8 with per-row activation scales).
-One sentence at a time (the target is batch 1 on CPU); a batch is decoded sentence by sentence.
+read once for the block, all sentences of the batch together), the rejected tail is taken back by
+``keep_block`` (at batch 1 the cache's end moves back; in a batch each sentence keeps its own number of
+positions, the rest masked), p_1 is projected at every fed position, the heads only at the last accepted one
+(found by verification first), and the heads and output products use the step's precision (float32 or int8
+with per-row activation scales).
 
 With exact acceptance and float32 the output is greedy decoding's (that of the blockwise model's base),
 as on fairseq's decoder.
 """
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,7 @@ class FastProposalHeads:
 
 
 class FastStepBlockwiseGenerator(BlockwiseGenerator):
-    """``BlockwiseGenerator`` whose model calls run on the fast decoder step, one sentence at a time."""
+    """``BlockwiseGenerator`` whose model calls run on the fast decoder step."""
 
     step_backend = "fast step"
 
@@ -86,17 +87,6 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
             self.proposal_projection = linear_of(projection.weight[:vocab], None if projection.bias is None
                                                  else projection.bias[:vocab], precision)
 
-    @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
-        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-        hypotheses: List[List[Dict]] = []
-        for row in range(src_tokens.size(0)):
-            # (padding kept: the length limit is the batch's, as in the batched generator; the source mask
-            # hides it)
-            single = {"net_input": {"src_tokens": src_tokens[row:row + 1], "src_lengths": src_lengths[row:row + 1]}}
-            hypotheses += super().generate(models, single, prefix_tokens, constraints, bos_token, **kwargs)
-        return hypotheses
-
     def generation_stats(self) -> Dict:
         return {**super().generation_stats(), "fast_step": True, "precision": self.precision}
 
@@ -110,20 +100,20 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         self.engine.start(encoder_out, max_steps=max_len + self.block_size + 2)
 
     def _block_features(self, block: Tensor, positions: Tensor, encoder_out, state) -> Tensor:
-        if block.size(0) != 1:
-            raise ValueError("the fast step runs blockwise decoding one sentence at a time")
-        return self.engine.block_step(block[0]).unsqueeze(0)
+        # (the engine keeps each row's position itself: ``positions`` are the same numbers)
+        return self.engine.block_step(block).view(block.size(0), block.size(1), -1)
 
     def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
-        """p_1's logits (1, m, V) at every position, and the features, from which ``_heads_logits_at`` proposes."""
-        return self.engine.logits(self.first_head(features[0])[:, 0]).unsqueeze(0), features
+        """p_1's logits (B, m, V) at every position, and the features, from which ``_heads_logits_at`` proposes."""
+        rows, m, dim = features.shape
+        return self.engine.logits(self.first_head(features.view(-1, dim))[:, 0]).view(rows, m, -1), features
 
     def _heads_logits_at(self, features: Tensor, row_index: Tensor, last: Tensor) -> Tensor:
-        """Heads 2..k's logits (1, k - 1, V') at the last accepted position: its one feature row through the
-        heads, then one product over the proposal vocabulary (or the output layer)."""
+        """Heads 2..k's logits (B, k - 1, V') at each row's last accepted position: one feature row a sentence
+        through the heads, then one product over the proposal vocabulary (or the output layer)."""
         if self.block_size == 1:
             return features.new_zeros(row_index.numel(), 0, self.vocab_size)
-        states = self.proposal_heads(features[row_index, last])  # (1, k - 1, d)
+        states = self.proposal_heads(features[row_index, last])  # (B, k - 1, d)
         rows = states.reshape(-1, states.size(-1))
         if self.proposal_projection is None:
             return self.engine.logits(rows).view(row_index.numel(), self.block_size - 1, -1)
@@ -133,7 +123,7 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         return self.engine.length
 
     def _rollback(self, state, cached: Tensor, accepted: Tensor, physical: int) -> None:
-        self.engine.truncate(physical + int(accepted[0]))
+        self.engine.keep_block(physical, accepted)
 
     def _truncate(self, state, length: int) -> None:
         self.engine.truncate(length)
@@ -143,4 +133,6 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         return torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
 
     def _keep_rows(self, keep: Tensor, state, encoder_out):
-        raise AssertionError("one sentence at a time: a finished sentence ends the batch")
+        # The engine holds the sources' keys and values; fairseq's encoder output is not read again
+        self.engine.reorder(keep)
+        return encoder_out

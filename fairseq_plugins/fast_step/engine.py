@@ -168,8 +168,15 @@ class FastDecoderStep:
     ``start(encoder_out)`` takes fairseq's encoder output (one row per hypothesis), ``step(tokens)`` the
     previous token of each row and returns the decoder features of the next position (rows, embed_dim),
     ``logits(features)`` the output layer, ``reorder(order)`` keeps the rows ``order`` names. ``group_step``
-    feeds several positions a row at once (a double-token pair); for one sentence, ``block_step(tokens)`` feeds a
-    causal block and ``truncate(length)`` takes positions back.
+    feeds several positions a row at once (a double-token pair); ``block_step(tokens)`` feeds a causal block a
+    row, ``keep_block(start, accepted)`` keeps a different number of each row's block (blockwise decoding's
+    acceptance) and ``truncate(length)`` takes positions back from all rows alike.
+
+    The prefix of every row is ``length`` cache slots. Once ``keep_block`` keeps different numbers per row, the
+    rows' prefixes differ: the slots a row rejected stay in the cache, masked out of its attention
+    (``key_valid``), and each row's positions count only the slots it kept (``row_lengths``), so a row sees
+    exactly what it would see alone. Such a batch runs the layers as torch operations (the native layer
+    masks no slots).
     ``features_only``: a decoder whose ``forward``/``output_layer`` add a method's own outputs (blockwise's
     proposal heads) is accepted; the caller builds those outputs from ``step``'s features.
     """
@@ -225,6 +232,10 @@ class FastDecoderStep:
         padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
         rows = memory.size(1)
         self.rows, self.length = rows, 0
+        # None while every row's prefix is all ``length`` slots; else per row: the slots it kept (rows, capacity)
+        # and their number (rows,)
+        self.key_valid: Optional[Tensor] = None
+        self.row_lengths: Optional[Tensor] = None
         # (rows, 1, 1, source length): True where the source is a token (fairseq masks out the padding)
         self.source_attend = None if padding is None or not bool(padding.any()) else (~padding)[:, None, None, :]
         self.cross_keys, self.cross_values = [], []
@@ -249,6 +260,8 @@ class FastDecoderStep:
         self._allocate(old_keys[0].size(0), 2 * self.capacity)
         for new, old in zip(self.keys + self.values, old_keys + old_values):
             new[:, :, :length] = old[:, :, :length]
+        if self.key_valid is not None:
+            self.key_valid = F.pad(self.key_valid, (0, self.capacity - self.key_valid.size(1)), value=True)
 
     def reorder(self, order: Tensor) -> None:
         """Keep rows ``order`` (fairseq's reorder_incremental_state): beam reordering or finished sentences."""
@@ -270,6 +283,9 @@ class FastDecoderStep:
             self.cross_values = [v.index_select(0, order) for v in self.cross_values]
             if self.source_attend is not None:
                 self.source_attend = self.source_attend.index_select(0, order)
+        if self.key_valid is not None:
+            self.key_valid = self.key_valid[:self.rows].index_select(0, order)
+            self.row_lengths = self.row_lengths.index_select(0, order)
         self.rows = rows
 
     # ---- one step ----------------------------------------------------------------------------------------
@@ -278,13 +294,33 @@ class FastDecoderStep:
         return self.group_step(tokens.view(-1, 1))
 
     def block_step(self, tokens: Tensor) -> Tensor:
-        """One sentence (one row): m new tokens at once, causal among themselves (blockwise decoding's
-        verification: every position of a block through the same weights in one pass). Returns the features
-        (m, d) of the positions after each of them; the prefix grows by m (``truncate`` takes back those not
-        accepted). The same arithmetic a row as m ``step`` calls."""
-        if self.rows != 1:
-            raise ValueError(f"block_step decodes one sentence, the engine holds {self.rows} rows")
-        return self.group_step(tokens.view(1, -1))
+        """m new tokens a row at once, causal among themselves (blockwise decoding's verification: every
+        position of a block through the same weights in one pass); tokens (rows, m), or (m,) for one row.
+        Returns the features (rows * m, d) of the positions after each of them, row-major; the prefix grows by
+        m (``keep_block`` or ``truncate`` take back those not accepted). The same arithmetic a row as m
+        ``step`` calls."""
+        return self.group_step(tokens.view(self.rows if tokens.dim() == 2 else 1, -1))
+
+    def keep_block(self, start: int, accepted: Tensor) -> None:
+        """Of the positions fed since the prefix was ``start`` slots long, row r keeps the first
+        ``accepted[r]`` (rows,). Alike in every row (batch 1 above all), the cache just ends earlier; else each
+        row's rejected slots are masked out of its attention and the slots no row kept are dropped."""
+        fed = self.length - start
+        if not 0 <= start <= self.length or accepted.numel() != self.rows or not bool(
+                ((accepted >= 0) & (accepted <= fed)).all()):
+            raise ValueError(f"keep_block({start}, {accepted.tolist()}): the engine holds {self.rows} rows and "
+                             f"{self.length} slots")
+        if self.row_lengths is None:
+            if bool((accepted == accepted[0]).all()):
+                self.length = start + int(accepted[0])
+                return
+            self.key_valid = torch.ones(self.keys[0].size(0), self.capacity, dtype=torch.bool,
+                                        device=self.embed_tokens.device)
+            self.row_lengths = torch.full((self.rows,), self.length, dtype=torch.long, device=accepted.device)
+        self.key_valid[:self.rows, start:self.length] = (torch.arange(fed, device=accepted.device).unsqueeze(0)
+                                                        < accepted.unsqueeze(1))
+        self.row_lengths = self.row_lengths - fed + accepted
+        self.length = start + int(accepted.max())
 
     def group_step(self, tokens: Tensor, causal: bool = True) -> Tensor:
         """tokens (rows, m): each row's next m tokens at once, at positions t .. t + m - 1, causal among
@@ -297,24 +333,40 @@ class FastDecoderStep:
         t = self.length
         while t + m > self.capacity:
             self._grow()
-        x = self._run(self._embed(tokens.reshape(-1), t, m), t, m, causal)
+        positions = None
+        if self.row_lengths is not None:  # each row at its own position; the new slots are its own
+            positions = self.row_lengths.unsqueeze(1) + torch.arange(m, device=self.row_lengths.device)
+            self.key_valid[:rows, t:t + m] = True
+            self.row_lengths = self.row_lengths + m
+        x = self._run(self._embed(tokens.reshape(-1), t, m, positions), t, m, causal)
         self.length = t + m
         return x
 
     def truncate(self, length: int) -> None:
-        """Keep the first ``length`` positions of the prefix (the accepted part of a block)."""
+        """Keep the first ``length`` positions of the prefix (the accepted part of a block), every row alike."""
+        if self.row_lengths is not None:
+            raise ValueError("truncate: the rows' prefixes differ in length (keep_block takes a block back "
+                             "row by row)")
         if not 0 <= length <= self.length:
             raise ValueError(f"truncate to {length}: the prefix has {self.length} positions")
         self.length = length
 
-    def _embed(self, tokens: Tensor, t: int, group: int) -> Tensor:
-        """Embeddings of ``tokens`` (rows * group, row-major): positions t, ..., t + group - 1 of each row."""
+    def _embed(self, tokens: Tensor, t: int, group: int, positions: Optional[Tensor] = None) -> Tensor:
+        """Embeddings of ``tokens`` (rows * group, row-major): positions t, ..., t + group - 1 of each row, or
+        ``positions`` (rows, group); past the decoder's last position, that one (as the blockwise generator
+        clamps a block that runs past the length limit)."""
         x = self.embed_scale * F.embedding(tokens, self.embed_tokens)
         if self.project_in is not None:
             x = self.project_in(x)
-        table = self._position_table(t + group)
+        last = t + group if positions is None else int(positions.max()) + 1
+        table = self._position_table(last)
         if table is not None:
-            x = x + (table[t] if group == 1 else table[t:t + group].repeat(tokens.numel() // group, 1))
+            if positions is None and last <= table.size(0):
+                x = x + (table[t] if group == 1 else table[t:t + group].repeat(tokens.numel() // group, 1))
+            else:
+                if positions is None:
+                    positions = torch.arange(t, t + group, device=x.device).repeat(tokens.numel() // group, 1)
+                x = x + table[positions.reshape(-1).clamp(max=table.size(0) - 1)]
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         return x
@@ -324,7 +376,8 @@ class FastDecoderStep:
         each row, causal among themselves or not (see ``group_step``)."""
         rows = x.size(0) // group
         native_layers = self.native_layers
-        if native_layers is not None and self.precision == "fp32" and x.size(0) > NATIVE_FLOAT_MAX_ROWS:
+        if native_layers is not None and (self.key_valid is not None or (
+                self.precision == "fp32" and x.size(0) > NATIVE_FLOAT_MAX_ROWS)):
             native_layers = None
         if native_layers is not None:
             x = x.float().contiguous().clone()  # updated in place layer by layer
@@ -337,6 +390,9 @@ class FastDecoderStep:
         if causal and group > 1 and native_layers is None:
             mask = (torch.arange(t + group, device=x.device).unsqueeze(0)
                     <= t + torch.arange(group, device=x.device).unsqueeze(1))
+        if self.key_valid is not None:  # (rows, 1, group or 1, t + group): each row's own slots
+            kept = self.key_valid[:rows, None, None, :t + group]
+            mask = kept if mask is None else kept & mask
         for index, layer in enumerate(self.layers if native_layers is None else ()):
             heads, head_dim = layer.heads, layer.head_dim
             # self-attention over the prefix
