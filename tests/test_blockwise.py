@@ -213,24 +213,37 @@ def test_exact_acceptance_on_the_fast_step_equals_stock_greedy(heads, settings):
             assert stats["mean_accepted_block_size"] > block_size - 1 and max(m for _rows, m in blocks) == block_size
 
 
-def test_inexact_acceptance_on_the_fast_step_is_fairseqs_steps():
+@pytest.mark.parametrize("staged, settings", [(False, {}), (True, {}), (True, {"min_block_size": 2, "topk": 8})],
+                         ids=["one product", "staged", "staged, min block 2"])
+def test_inexact_acceptance_on_the_fast_step_is_fairseqs_steps(staged, settings):
     """Where acceptance is looser than greedy's, random heads get different numbers of tokens accepted in the
     sentences of a batch: the fast step's masked caches accept, token for token, what fairseq's decoder with
-    its repacked caches accepts."""
+    its repacked caches accepts; so does p_1 verifying position by position over the sentences still
+    accepting (staged), with fewer output rows than one product over every position."""
     from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
 
     model, dictionary = random_model(layout="separate")
     sample = random_batch(dictionary, bsz=8)
-    acceptance = {"acceptance": "topk", "topk": len(dictionary) // 2}  # half the proposals pass, row by row
+    # topk of half the vocabulary: about half the proposals pass, row by row (with 2 forced, 8 keeps rows apart)
+    acceptance = {"acceptance": "topk", "topk": len(dictionary) // 2, **settings}
     expected = BlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **acceptance).generate([model], sample)
-    generator = FastStepBlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **acceptance)
+    generator = FastStepBlockwiseGenerator(model, dictionary, HEADS, max_len_b=25, **acceptance,
+                                           staged_verification_min_sentences=1 if staged else 100)
     kept, keep_block = [], generator.engine.keep_block
     generator.engine.keep_block = lambda start, accepted: kept.append(accepted.tolist()) or keep_block(start, accepted)
+    first_head_rows, first_head = [], generator.first_head
+    generator.first_head = lambda x: first_head_rows.append(x.size(0)) or first_head(x)
     got = generator.generate([model], sample)
     assert [h[0]["tokens"].tolist() for h in got] == [h[0]["tokens"].tolist() for h in expected]
     for g, e in zip(got, expected):
         torch.testing.assert_close(g[0]["positional_scores"], e[0]["positional_scores"], rtol=0, atol=1e-4)
     assert sum(len(set(accepted)) > 1 for accepted in kept) >= 3  # ragged, more than once
+    stats = generator.generation_stats()
+    fed = stats["block_tokens_fed"] + 8  # (and the first call's BOS)
+    if staged:  # p_1 only where every proposal before was accepted: at most the tokens kept, one more a call
+        assert sum(first_head_rows) <= stats["tokens"] + stats["iterations"] < fed
+    else:
+        assert sum(first_head_rows) == fed
 
 
 def test_int8_blockwise_on_the_fast_step_is_the_fast_steps_int8_greedy():

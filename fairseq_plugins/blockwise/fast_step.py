@@ -12,6 +12,7 @@ With exact acceptance and float32 the output is greedy decoding's (that of the b
 as on fairseq's decoder.
 """
 
+import math
 from typing import Dict, Sequence, Tuple
 
 import torch
@@ -64,14 +65,23 @@ class FastProposalHeads:
         return torch.stack(states, dim=1)
 
 
+# From this many sentences on, p_1 verifies a block one position at a time, each product only over the sentences
+# whose proposals were all accepted so far. At batch 1 a product costs its weight reading, so one product for the
+# whole block is cheaper; at a few dozen sentences it costs its arithmetic (the 8k x 256 output layer as much as
+# the three decoder layers, a row), and the rows after a sentence's first rejection would be wasted.
+STAGED_VERIFICATION_MIN_SENTENCES = 16
+
+
 class FastStepBlockwiseGenerator(BlockwiseGenerator):
     """``BlockwiseGenerator`` whose model calls run on the fast decoder step."""
 
     step_backend = "fast step"
 
-    def __init__(self, model, tgt_dict, block_size: int, precision: str = "fp32", **kwargs):
+    def __init__(self, model, tgt_dict, block_size: int, precision: str = "fp32",
+                 staged_verification_min_sentences: int = STAGED_VERIFICATION_MIN_SENTENCES, **kwargs):
         super().__init__(model, tgt_dict, block_size, **kwargs)
         self.precision = precision
+        self.staged_verification_min_sentences = staged_verification_min_sentences
         self.engine, self.encoder = fast_step_parts(model, precision, features_only=True)
         # p_1 verifies at every fed position; heads 2..k run at the last accepted position only, once
         # verification has found it (at batch 1 a product's cost grows with its rows)
@@ -102,6 +112,33 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
     def _block_features(self, block: Tensor, positions: Tensor, encoder_out, state) -> Tensor:
         # (the engine keeps each row's position itself: ``positions`` are the same numbers)
         return self.engine.block_step(block).view(block.size(0), block.size(1), -1)
+
+    def _verify_call(self, block: Tensor, cached: Tensor, generated: Tensor, encoder_out, incremental_state,
+                     max_len: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """As ``BlockwiseGenerator._verify_call``; from ``staged_verification_min_sentences`` sentences on, p_1's
+        output product runs position by position over the sentences still accepting, and the positions after a
+        sentence's first rejection keep -inf logits, which no acceptance rule accepts (nothing after them is
+        read: a sentence's accepted tokens, its scores and its next p_1 row all lie before)."""
+        rows, m = block.shape
+        if rows < self.staged_verification_min_sentences or m == 1:
+            return super()._verify_call(block, cached, generated, encoder_out, incremental_state, max_len)
+        features = self._block_features(block, None, encoder_out, incremental_state)
+        self._stats["decoder_invocations"] += 1
+        base = features.new_full((rows, m, self.vocab_size), -math.inf, dtype=torch.float32)
+        lse = features.new_zeros(rows, m, dtype=torch.float32)
+        live = torch.arange(rows, device=block.device)
+        for i in range(m):
+            logits = self.engine.logits(self.first_head(features[live, i])[:, 0])
+            row_base, row_lse = self._first_head_scores(logits, generated[live] + 1 + i, max_len)
+            base[live, i], lse[live, i] = row_base, row_lse
+            if i + 1 == m:
+                break
+            proposed = block[live, i + 1].unsqueeze(1)
+            scores = row_base.gather(1, proposed) - row_lse.unsqueeze(1)
+            live = live[self._verified(proposed, row_base.unsqueeze(1), scores, first=i)[:, 0]]
+            if live.numel() == 0:
+                break
+        return base, lse, features
 
     def _block_logits(self, features: Tensor) -> Tuple[Tensor, Tensor]:
         """p_1's logits (B, m, V) at every position, and the features, from which ``_heads_logits_at`` proposes."""

@@ -251,16 +251,21 @@ class BlockwiseGenerator(MethodGenerator):
         features = self._block_features(block, positions, encoder_out, incremental_state)
         self._stats["decoder_invocations"] += 1
         base, proposal_source = self._block_logits(features)
-        base = base.float()
+        index = (generated + 1).unsqueeze(1) + torch.arange(block.size(1), device=block.device)
+        base, lse = self._first_head_scores(base, index, max_len)
+        return base, lse, proposal_source
+
+    def _first_head_scores(self, logits: Tensor, index: Tensor, max_len: int) -> Tuple[Tensor, Tensor]:
+        """p_1's raw logits (..., V) -> its constrained logits and the raw logsumexp (...); ``index`` (...) is the
+        output position each row predicts."""
+        base = logits.float()
         if self.temperature != 1.0:
             base = base / self.temperature
         base.masked_fill_(base != base, -math.inf)  # as fairseq does with NaN log-probabilities
         # log_softmax before the rules, as SequenceGenerator: a score is logit - logsumexp of the raw row.
         lse = torch.logsumexp(base, dim=-1)
-        index = (generated + 1).unsqueeze(1) + torch.arange(block.size(1), device=block.device)
         # The rules only mask and shift columns, so on logits they select what they would on log-probabilities.
-        base = self.rules.apply(base, index, max_len)
-        return base, lse, proposal_source
+        return self.rules.apply(base, index, max_len), lse
 
     def _proposal_logits(self, proposal_source, row_index: Tensor, last: Tensor) -> Tensor:
         """Heads 2..k's logits (B, k - 1, V') at block position ``last`` (B,) of each row, the last accepted."""
@@ -286,10 +291,11 @@ class BlockwiseGenerator(MethodGenerator):
         lengths = confident.long().cumprod(dim=1).sum(dim=1).clamp(min=self.min_block_size - 1)
         return proposals, lengths
 
-    def _verified(self, proposed: Tensor, logits: Tensor, proposed_scores: Tensor) -> Tensor:
+    def _verified(self, proposed: Tensor, logits: Tensor, proposed_scores: Tensor, first: int = 0) -> Tensor:
         """(B, m-1) bool: is the proposal at block position i + 1 acceptable under p_1 at position i?
 
         ``logits`` are p_1's constrained logits: argmax, rank and gaps are those of its log-probabilities.
+        ``first``: the block position of the first column (where only some positions are checked).
         """
         allowed = proposed_scores > -math.inf  # never accept what the constraints forbid
         if self.acceptance == "exact":
@@ -299,7 +305,7 @@ class BlockwiseGenerator(MethodGenerator):
             ok = logits.gather(2, proposed.unsqueeze(2)).squeeze(2) >= kth_best
         else:  # distance: log-probability gap to p_1's best token
             ok = logits.gather(2, proposed.unsqueeze(2)).squeeze(2) >= logits.max(dim=-1).values - self.distance
-        forced = torch.arange(proposed.size(1), device=proposed.device) < self.min_block_size - 1
+        forced = torch.arange(first, first + proposed.size(1), device=proposed.device) < self.min_block_size - 1
         return (ok | forced.unsqueeze(0)) & allowed
 
     def _drop_rows(self, done: Tensor, incremental_state, encoder_out, tensors):
