@@ -131,6 +131,15 @@ def test_rows_that_keep_different_parts_of_their_blocks_get_fairseqs_logits(fuse
     prefix[:, 0] = dictionary.eos()
     wrong = (prefix + 1) % len(dictionary)
     engine = FastDecoderStep(model.decoder, fused=fused)
+    masked_native_calls = []
+    if fused:
+        from fairseq_plugins import native
+
+        if not native.available():
+            pytest.skip("the native kernels could not be built here")
+        layer_step = engine.layer_step
+        engine.layer_step = lambda *a, **k: masked_native_calls.append(k["self_attend"] is not None) or layer_step(
+            *a, **k)
     with torch.no_grad():
         encoder_out = model.encoder(**sample["net_input"])
         expected = model.decoder(prefix, encoder_out=encoder_out)[0]  # (3, 16, V)
@@ -157,6 +166,7 @@ def test_rows_that_keep_different_parts_of_their_blocks_get_fairseqs_logits(fuse
         steps = engine.logits(engine.step(prefix[rows, position[rows]]))
         for i, r in enumerate(rows):
             torch.testing.assert_close(steps[i], expected[r, position[r]], rtol=0, atol=2e-5)
+        assert any(masked_native_calls) == fused  # the native layer ran on rows with masks (12 rows at most)
         with pytest.raises(ValueError, match="the rows' prefixes differ in length"):
             engine.truncate(3)
         with pytest.raises(ValueError, match=r"keep_block\(0, \[1\]\): the engine holds 2 rows"):

@@ -175,8 +175,7 @@ class FastDecoderStep:
     The prefix of every row is ``length`` cache slots. Once ``keep_block`` keeps different numbers per row, the
     rows' prefixes differ: the slots a row rejected stay in the cache, masked out of its attention
     (``key_valid``), and each row's positions count only the slots it kept (``row_lengths``), so a row sees
-    exactly what it would see alone. Such a batch runs the layers as torch operations (the native layer
-    masks no slots).
+    exactly what it would see alone.
     ``features_only``: a decoder whose ``forward``/``output_layer`` add a method's own outputs (blockwise's
     proposal heads) is accepted; the caller builds those outputs from ``step``'s features.
     """
@@ -376,21 +375,21 @@ class FastDecoderStep:
         each row, causal among themselves or not (see ``group_step``)."""
         rows = x.size(0) // group
         native_layers = self.native_layers
-        if native_layers is not None and (self.key_valid is not None or (
-                self.precision == "fp32" and x.size(0) > NATIVE_FLOAT_MAX_ROWS)):
+        if native_layers is not None and self.precision == "fp32" and x.size(0) > NATIVE_FLOAT_MAX_ROWS:
             native_layers = None
         if native_layers is not None:
             x = x.float().contiguous().clone()  # updated in place layer by layer
             attend = None if self.source_attend is None else self.source_attend.view(self.rows, -1)
             for index, layer in enumerate(native_layers):
                 self.layer_step(layer, x, self.keys[index], self.values[index], t, self.cross_keys[index],
-                                self.cross_values[index], attend, group=group, causal=causal)
+                                self.cross_values[index], attend, group=group, causal=causal,
+                                self_attend=self.key_valid)
         # Position t + i of a causal group sees the prefix and the group up to itself
         mask = None
         if causal and group > 1 and native_layers is None:
             mask = (torch.arange(t + group, device=x.device).unsqueeze(0)
                     <= t + torch.arange(group, device=x.device).unsqueeze(1))
-        if self.key_valid is not None:  # (rows, 1, group or 1, t + group): each row's own slots
+        if self.key_valid is not None and native_layers is None:  # (rows, 1, group or 1, t + group): its own slots
             kept = self.key_valid[:rows, None, None, :t + group]
             mask = kept if mask is None else kept & mask
         for index, layer in enumerate(self.layers if native_layers is None else ()):

@@ -110,7 +110,7 @@ def available() -> bool:
             library.fp_float_gemm.restype = None
             library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
-                                                      pointer, size, size]
+                                                      pointer, pointer, size, size]
             library.fp_decoder_layer_step.restype = None
             library.fp_encoder_layer.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer, pointer]
             library.fp_encoder_layer.restype = None
@@ -251,11 +251,14 @@ class LayerStepper(_Scratch):
     """Runs ``fp_decoder_layer_step`` with scratch buffers that grow as rows and lengths do."""
 
     def __call__(self, layer: DecoderLayer, x: Tensor, keys: Tensor, values: Tensor, t: int, cross_keys: Tensor,
-                 cross_values: Tensor, source_attend: Optional[Tensor], group: int = 1, causal: bool = True) -> None:
+                 cross_values: Tensor, source_attend: Optional[Tensor], group: int = 1, causal: bool = True,
+                 self_attend: Optional[Tensor] = None) -> None:
         """x (rows, d) float32 contiguous, updated in place: rows / ``group`` hypotheses, each feeding ``group``
         new positions t, t + 1, ... (consecutive rows), causal among themselves or (``causal`` False) each
         seeing all of them; keys/values (>= hypotheses, heads, capacity, head_dim) get those positions;
-        cross_keys/values (hypotheses, heads, S, head_dim); source_attend (hypotheses, S) bool or None."""
+        cross_keys/values (hypotheses, heads, S, head_dim); source_attend (hypotheses, S) bool or None;
+        self_attend (>= hypotheses, capacity) bool, True where a cache slot is in the hypothesis's prefix (the
+        new positions included), or None: every slot before t + group."""
         rows, source_length = x.size(0), cross_keys.size(2)
         d, ffn = layer.heads * layer.head_dim, layer.fc1.out
         hypotheses = rows // group
@@ -266,13 +269,18 @@ class LayerStepper(_Scratch):
                 and cross_keys.is_contiguous() and cross_values.is_contiguous() and keys.size(0) >= hypotheses
                 and cross_keys.size(0) == hypotheses and t + group <= keys.size(2) and keys.shape == values.shape
                 and (source_attend is None or (source_attend.shape == (hypotheses, source_length)
-                                               and source_attend.is_contiguous()))):
+                                               and source_attend.is_contiguous()))
+                and (self_attend is None or (self_attend.dtype == torch.bool and self_attend.dim() == 2
+                                             and self_attend.size(0) >= hypotheses
+                                             and self_attend.size(1) == keys.size(2)
+                                             and self_attend.is_contiguous()))):
             raise ValueError("fp_decoder_layer_step: tensors of unexpected shapes, types or layouts")
         self.reserve(rows * (5 * d + ffn) + max(t + group, source_length), rows, layer.widest_input)
         _library.fp_decoder_layer_step(
             ctypes.byref(layer), x.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.size(2), t,
             cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
-            None if source_attend is None else source_attend.data_ptr(), self.scratch.data_ptr(),
+            None if source_attend is None else source_attend.data_ptr(),
+            None if self_attend is None else self_attend.data_ptr(), self.scratch.data_ptr(),
             self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal))
 
 

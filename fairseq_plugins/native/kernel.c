@@ -437,12 +437,13 @@ static void feed_forward(const fp_layer *L, float *x, int64_t M, float *residual
  * the group's positions up to t + i; else to all of the group's positions (a double-token pair sees itself).
  * keys/values (>= M / group, heads, capacity, head_dim): hypothesis r's positions written in row r;
  * cross_keys/values (M / group, heads, S, head_dim); source_attend (M / group, S): 1 where a source token is,
- * or NULL.
+ * or NULL; self_attend (>= M / group, capacity): 1 where a cache slot belongs to that hypothesis's prefix (a
+ * batch whose sentences kept different parts of their blocks), or NULL (every slot before t does).
  * scratch: room for M * (5 D + ffn) + max(t + group, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
-                           const uint8_t *source_attend, float *scratch, int8_t *qbuf, float *sbuf, int64_t group,
-                           int64_t causal) {
+                           const uint8_t *source_attend, const uint8_t *self_attend, float *scratch, int8_t *qbuf,
+                           float *sbuf, int64_t group, int64_t causal) {
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
     float *residual = scratch, *qkv = residual + M * D, *context = qkv + 3 * M * D, *hidden = context + M * D;
     float *scores = hidden + M * F;
@@ -461,7 +462,8 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
         for (int64_t h = 0; h < H; ++h) {
             const int64_t cache = (m / group) * H + h, length = causal ? t + m % group + 1 : t + group;
             attend(qkv + m * 3 * D + h * hd, keys + cache * capacity * hd, values + cache * capacity * hd, length,
-                   hd, hd, L->scaling, NULL, scores, context + m * D + h * hd);
+                   hd, hd, L->scaling, self_attend ? self_attend + (m / group) * capacity : NULL, scores,
+                   context + m * D + h * hd);
         }
     matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
     sublayer_leave(L, x, M, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
