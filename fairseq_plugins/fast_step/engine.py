@@ -303,7 +303,7 @@ class FastDecoderStep:
     def keep_block(self, start: int, accepted: Tensor) -> None:
         """Of the positions fed since the prefix was ``start`` slots long, row r keeps the first
         ``accepted[r]`` (rows,). Alike in every row (batch 1 above all), the cache just ends earlier; else each
-        row's rejected slots are masked out of its attention and the slots no row kept are dropped."""
+        row's rejected slots are masked out of its attention, and the cache ends after the last slot any row kept."""
         fed = self.length - start
         if not 0 <= start <= self.length or accepted.numel() != self.rows or not bool(
                 ((accepted >= 0) & (accepted <= fed)).all()):
