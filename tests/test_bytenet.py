@@ -519,3 +519,26 @@ def test_recompute_decoding_refuses_models_that_are_not_bytenet():
     task = ByteNetTranslationTask(ByteNetTranslationConfig(bytenet_decoding="recompute"), dictionary, dictionary)
     with pytest.raises(ValueError, match=r"^--bytenet-decoding recompute needs ByteNet models \(--path\), got Linear$"):
         task.build_generator([torch.nn.Linear(1, 1)], argparse.Namespace())
+
+
+def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
+    """fairseq's ``wall`` can start again from 0 when a run resumes: the summary's curve keeps counting, and
+    the total is no longer the last run's "done training in"."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+
+    def epoch(n, loss, wall):
+        return (f"| INFO | train | epoch {n:03d} | loss 2.5 | ppl 5.6 | wps 800 | num_updates {10 * n} | wall {wall}\n"
+                f"| INFO | valid | epoch {n:03d} | valid on 'valid' subset | loss {loss} | ppl 4.4 | num_updates {10 * n}\n")
+
+    log = tmp_path / "train.log"
+    log.write_text(epoch(1, 2.7, 600) + epoch(2, 2.4, 1200) + epoch(3, 2.2, 500) + epoch(4, 2.1, 1000)
+                   + "| INFO | fairseq_cli.train | done training in 1001.0 seconds\n")
+    figures = summarize.training(str(log))
+    assert [point["wall_seconds"] for point in figures["curve"]] == [600, 1200, 1700, 2200]
+    assert figures["wall_seconds"] == 2200 and figures["valid_loss_base2"] == [2.7, 2.4, 2.2, 2.1]
+    log.write_text(epoch(1, 2.7, 600) + epoch(2, 2.4, 1200) + "| INFO | fairseq_cli.train | done training in 1201.0 seconds\n")
+    assert summarize.training(str(log))["wall_seconds"] == 1201.0

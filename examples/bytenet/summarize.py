@@ -33,20 +33,27 @@ def parameters(checkpoint: str) -> int:
 
 def training(log_path: str) -> dict:
     """Updates, validations, wall-clock time and the validation curve from a fairseq-train log (--log-format
-    simple; a resumed run's log appended): per epoch its validation loss and fairseq's ``wall`` (seconds of
-    training so far, carried over a resume) at the end of that epoch."""
+    simple; a resumed run's log appended): per epoch its validation loss and the seconds of training so far at
+    its end. fairseq's ``wall`` may start again from 0 on a resume (seen here after a run was stopped at an epoch's
+    end): where it falls, the time before is added back."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
     done = re.search(r"done training in ([\d.]+) seconds", text)
-    walls = dict(re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text))
+    walls, offset, previous = {}, 0, 0
+    for epoch, wall in re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text):
+        if int(wall) < previous:
+            offset += previous
+        previous = int(wall)
+        walls[epoch] = offset + int(wall)
     curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": int(walls[epoch])}
              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
              if epoch in walls]
     return {
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
-        "wall_seconds": float(done.group(1)) if done else (curve[-1]["wall_seconds"] if curve else None),
+        # (fairseq's "done training in" counts the last run only)
+        "wall_seconds": float(done.group(1)) if done and not offset else (curve[-1]["wall_seconds"] if curve else None),
         "valid_loss_base2": [float(loss) for loss, _ in valid],
         "curve": curve,
     }
