@@ -563,6 +563,7 @@ def test_bench_reports_block_statistics_and_identity(blockwise_trained, tmp_path
     # One call against one greedy step, timed on the same cached prefixes (10 sentences).
     stats = result["stats"]
     assert stats["call_cost_samples"] == 10 and stats["call_ms"] > 0 and stats["greedy_step_ms"] > 0
+    assert stats["call_cost_batch_size"] == 1
     assert stats["call_cost_step"] == "fairseq"  # both timed on fairseq's decoder
     low, high = stats["call_cost_range"]
     assert 0 < low <= stats["call_cost_vs_greedy_step"] <= high
@@ -576,3 +577,30 @@ def test_bench_at_batch_8_decodes_what_stock_greedy_decodes_at_batch_8(blockwise
     result = json.loads(result_path.read_text())
     assert result["batch_size"] == 8 and result["stats"]["sentences"] == 24
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0 and result["bleu"] == result["baseline"]["bleu"]
+
+
+@pytest.mark.parametrize("fast_step", [False, True], ids=["fairseq's step", "fast step"])
+def test_call_cost_is_timed_on_every_row_of_a_batch(fast_step):
+    """step_cost_figures times a call and a greedy step on every sentence of a batch (the bench passes batches
+    of its --batch-size), on the step the generator decodes with, and leaves no statistics behind."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+
+    model, dictionary = random_model(layout="separate")
+    sample = random_batch(dictionary, bsz=20)
+    sample["net_input"]["prev_output_tokens"] = torch.randint(dictionary.nspecial, len(dictionary), (20, 9))
+    cls = FastStepBlockwiseGenerator if fast_step else BlockwiseGenerator
+    generator = cls(model, dictionary, 3, max_len_b=25)
+    rows = []
+    block_features = generator._block_features
+    generator._block_features = lambda block, *a: rows.append(tuple(block.shape)) or block_features(block, *a)
+    if fast_step:
+        first_head_rows, first_head = [], generator.first_head
+        generator.first_head = lambda x: first_head_rows.append(x.size(0)) or first_head(x)
+    figures = generator.step_cost_figures([sample], repeats=2)
+    assert figures["call_cost_batch_size"] == 20 and figures["call_cost_samples"] == 1
+    assert figures["call_cost_step"] == ("fast step" if fast_step else "fairseq")
+    assert rows == [(20, 8)] + [(20, 3)] * 3  # the cached prefix, then a warm-up and 2 timed calls
+    if fast_step:  # every position verified, in one product, when timed (not staged: 20 sentences)
+        assert figures["call_cost_staged_verification"] is False and first_head_rows == [60] * 3
+        assert generator.staged_verification_min_sentences == 16
+    assert generator.generation_stats()["iterations"] == 0 and generator.generation_stats()["decoder_invocations"] == 0

@@ -6,8 +6,8 @@ options are given exactly as to ``fairseq-generate``, and an unknown flag is an 
 
 A generator may expose method-specific figures: ``generation_stats() -> dict`` (cumulative) and
 ``reset_generation_stats()``; the harness resets them after warm-up and stores them under ``stats``.
-``step_cost_figures(batches) -> dict`` (batch-1 samples): the cost of one of its model calls against a
-stock greedy step, also stored under ``stats``.
+``step_cost_figures(batches) -> dict`` (batches of the bench's --batch-size): the cost of one of its model calls
+against a stock greedy step on the same rows, also stored under ``stats``.
 The JSON schema is documented in docs/bench.md.
 """
 
@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 # At batch 1 a figure is latency-bound and a whole test set takes long for both generators: time this many
 # sentences unless --limit says otherwise (larger batches decode the whole split by default).
 DEFAULT_LIMIT = 200
-# Sentences (batch 1) on which a generator's step_cost_figures hook times one call against a greedy step.
-STEP_COST_SENTENCES = 10
+# Batches (of the bench's --batch-size) on which a generator's step_cost_figures hook times one call against a
+# greedy step.
+STEP_COST_BATCHES = 10
 
 
 def bench_methods() -> Dict[str, str]:
@@ -504,7 +505,8 @@ def run_bench(args, argv):
     )
     stats = timings.method_stats
     if hasattr(generators.method, "step_cost_figures"):  # the model work of one call against a greedy step
-        stats.update(generators.method.step_cost_figures(_batches(dataset, ids[:STEP_COST_SENTENCES], 1, device)))
+        stats.update(generators.method.step_cost_figures(
+            _batches(dataset, ids[:STEP_COST_BATCHES * args.batch_size], args.batch_size, device)))
     method_outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("method", "stock"))
     stats["outputs_identical_to_baseline"] = sum(method_outputs[i] == stock_outputs[i] for i in ids) / len(ids)
 

@@ -101,6 +101,15 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
     def generation_stats(self) -> Dict:
         return {**super().generation_stats(), "fast_step": True, "precision": self.precision}
 
+    def step_cost_figures(self, samples, **kwargs) -> Dict:
+        # A timed call verifies every position: what staging saves depends on what is accepted, and the timed
+        # blocks (one token repeated) say nothing about that
+        staged, self.staged_verification_min_sentences = self.staged_verification_min_sentences, math.inf
+        try:
+            return {**super().step_cost_figures(samples, **kwargs), "call_cost_staged_verification": False}
+        finally:
+            self.staged_verification_min_sentences = staged
+
     # --- the model's side on the fast step ---------------------------------------------------------------
 
     def _encode(self, net_input):

@@ -184,10 +184,10 @@ class BlockwiseGenerator(MethodGenerator):
         call is this generator's per-iteration model work: the decoder on a block of ``block_size`` tokens,
         p_1's output product at every block position and its logsumexp, the heads' proposals at the last
         (on fairseq's decoder one output product for p_1 and the heads at every position), argmaxes. Each
-        sample (batch 1) is encoded and the first ``prefix`` tokens of its reference prefix are cached; the two
-        are then timed alternately ``repeats`` times, the cache cut back after each. Returns the median of the
-        per-sample ratios of median times (the paper's speed arithmetic: speed ~ mean accepted block / this
-        ratio) and the medians in milliseconds.
+        sample (a batch: every sentence a row of both) is encoded and the first ``prefix`` tokens of its
+        references are cached; the two are then timed alternately ``repeats`` times, the cache cut back after
+        each. Returns the median of the per-sample ratios of median times (the paper's speed arithmetic:
+        speed ~ mean accepted block / this ratio), the medians in milliseconds and the rows of a sample.
         """
         ratios, call_ms, step_ms = [], [], []
         for sample in samples:
@@ -195,15 +195,16 @@ class BlockwiseGenerator(MethodGenerator):
             device = net_input["src_tokens"].device
             sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
             encoder_out = self._encode(net_input)
-            tokens = net_input["prev_output_tokens"][:1, :prefix]
+            # (a shorter reference's padding is fed like any token: only the time is kept)
+            tokens = net_input["prev_output_tokens"][:, :prefix]
+            rows, length = tokens.shape
             max_len = self.rules.max_len(net_input["src_tokens"].size(1), self.max_positions - 1)
             state = self._begin(encoder_out, max_len)
-            self._block_features(tokens, torch.arange(tokens.size(1), device=device).unsqueeze(0), encoder_out, state)
-            length = tokens.size(1)
-            cached = torch.tensor([length], device=device)
-            block = tokens[:, -1:].expand(1, self.block_size).contiguous()
-            last_row = torch.zeros(1, dtype=torch.long, device=device)
-            last_position = torch.full((1,), self.block_size - 1, device=device)
+            self._block_features(tokens, torch.arange(length, device=device).expand(rows, length), encoder_out, state)
+            cached = torch.full((rows,), length, device=device)
+            block = tokens[:, -1:].expand(rows, self.block_size).contiguous()
+            last_row = torch.arange(rows, device=device)
+            last_position = torch.full((rows,), self.block_size - 1, device=device)
             step_input = torch.cat([tokens, tokens[:, -1:]], dim=1)
             times = {"call": [], "step": []}
             saved = dict(self._stats)
@@ -230,6 +231,7 @@ class BlockwiseGenerator(MethodGenerator):
                 "call_cost_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 "call_ms": round(statistics.median(call_ms), 4), "greedy_step_ms": round(statistics.median(step_ms), 4),
                 "call_cost_samples": len(samples), "call_cost_repeats": repeats,
+                "call_cost_batch_size": samples[0]["net_input"]["src_tokens"].size(0) if samples else 0,
                 "call_cost_step": self.step_backend}
 
     def _hypothesis(self, tokens: Tensor, positional_scores: Tensor) -> List[Dict]:
