@@ -28,7 +28,7 @@
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
-#        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 transformer-lm nanogpt-lm bytenet-lm-deep-anneal
+#        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide transformer-lm nanogpt-lm bytenet-lm-deep-anneal
 #        bytenet-lm-deep-reg-anneal": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
@@ -118,6 +118,11 @@ bytenet_lm_deep_layerdrop_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --decoder-layerdr
 # the evaluation has 192-255 characters before it, while a 256-character block gives half its positions fewer
 # than 128 in training.
 bytenet_lm_deep_512_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --tokens-per-sample 512)
+# Wider instead of deeper: the 10-block model (receptive field 249) at 1.5 times the width (stream 384, blocks
+# 384 -> 192 -> 384, output layers 192: 10.5M parameters, nanoGPT's size) with dropout 0.35, since every deeper
+# or longer-context setting levelled off at 2.07-2.09 bits by overfitting the 1M training characters.
+bytenet_lm_wide_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-embed-dim 384 --decoder-hidden-dim 192
+  --output-hidden-dim 192 --dropout 0.35)
 # Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
 # decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
 # rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4; a re-run whose best lands
@@ -135,7 +140,7 @@ anneal_flags bytenet-lm-deep-reg 3.4e-4
 bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
 LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
-  bytenet-lm-deep-512 transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
+  bytenet-lm-deep-512 bytenet-lm-wide transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
 # What every stage after training decodes: the average of the last epochs once the average stage made it.
 final_checkpoint() {
   local dir=$WORK/$1/checkpoints
