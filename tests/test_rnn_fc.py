@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+from conftest import DictionaryTask, plugins_cli, random_batch, run, train_flags, train_tiny, word_dictionary
 
 from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
@@ -32,10 +32,10 @@ def tiny_model(dictionary, top="tanh", **overrides):
 
 # --- the model ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("top", ["tanh", "gru"])
-def test_incremental_decoding_equals_the_full_forward_pass(top):
+@pytest.mark.parametrize("top,encoder", [("tanh", "bigru"), ("gru", "bigru"), ("tanh", "transformer")])
+def test_incremental_decoding_equals_the_full_forward_pass(top, encoder):
     dictionary = word_dictionary()
-    model = tiny_model(dictionary, top)
+    model = tiny_model(dictionary, top, rnn_fc_encoder=encoder)
     sample = random_batch(dictionary, 3)
     src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     prev = torch.randint(dictionary.nspecial, len(dictionary), (3, 6))
@@ -49,19 +49,23 @@ def test_incremental_decoding_equals_the_full_forward_pass(top):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_left_and_right_padded_sources_encode_alike():
+@pytest.mark.parametrize("encoder", ["bigru", "transformer"])
+def test_left_and_right_padded_sources_encode_alike(encoder):
     dictionary = word_dictionary()
-    model = tiny_model(dictionary)
+    model = tiny_model(dictionary, rnn_fc_encoder=encoder)
     sample = random_batch(dictionary, 4)
     src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     with torch.no_grad():
         batched = model.encoder(src, lengths)
         for i in range(4):
             alone = model.encoder(src[i:i + 1, src.size(1) - int(lengths[i]):], lengths[i:i + 1])
-            n = int(lengths[i])
-            torch.testing.assert_close(batched["encoder_out"][0][i, :n], alone["encoder_out"][0][0], rtol=1e-5,
+            n, real = int(lengths[i]), ~batched["encoder_padding_mask"][0][i]
+            # the BiGRU moves padding to the right; the transformer keeps fairseq's left padding
+            assert int(real.sum()) == n and bool(real[:n].all() if encoder == "bigru" else real[-n:].all())
+            torch.testing.assert_close(batched["encoder_out"][0][i, real], alone["encoder_out"][0][0], rtol=1e-5,
                                        atol=1e-5)
-            assert bool(batched["encoder_padding_mask"][0][i, n:].all())
+            torch.testing.assert_close(batched["decoder_init_state"][0][i], alone["decoder_init_state"][0][0],
+                                       rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["residual", "paper"])
@@ -80,6 +84,27 @@ def test_weight_clipping_keeps_every_matrix_in_range_during_training(layout):
     with torch.no_grad():
         features = model.decoder.fc_stack(torch.randn(4, 64) * 100, torch.randn(4, 128) * 100)
     assert float(features.abs().max()) <= 1.0
+
+
+def test_weight_clipping_leaves_a_transformer_encoder_alone():
+    """A transformer encoder comes from an unclipped training (--rnn-fc-base-checkpoint): clipping it would
+    change the model it starts from. The decoder's matrices are still clipped, the first-state projection too."""
+    dictionary = word_dictionary()
+    model = tiny_model(dictionary, rnn_fc_encoder="transformer", rnn_fc_weight_clip=0.05).train()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(10)
+    before = {name: param.clone() for name, param in model.encoder.named_parameters()}
+    sample = random_batch(dictionary, 2)
+    model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], torch.full((2, 3), dictionary.eos()))
+    for name, param in model.encoder.named_parameters():
+        if name.startswith("init_state.weight"):
+            assert float(param.abs().max()) <= 0.05 + 1e-7
+        else:
+            assert torch.equal(param, before[name]), name
+    clipped = list(model.clipped_weights())
+    assert float(model.encoder.layers[0].fc1.weight.abs().max()) > 0.05
+    assert len(clipped) > 5 and all(float(w.abs().max()) <= 0.05 + 1e-7 for w in clipped)
 
 
 def multi30k_decoder(layout, layers, init="he"):
@@ -174,6 +199,50 @@ def test_checkpoints_from_before_the_residual_layout_load_with_the_papers_stack(
     model = RnnFcModel.build_model(args, DictionaryTask(dictionary))
     assert model.decoder.layout == "paper" and model.decoder.fc_input is None
     assert [layer.in_features for layer in model.decoder.fc_layers] == [64 + 128, 128]
+
+
+def test_a_frozen_transformer_encoder_warm_started_from_the_baseline(trained, tmp_path):
+    """fairseq-train --rnn-fc-base-checkpoint --rnn-fc-freeze-encoder: the trained rnn_fc's encoder tensors are
+    the baseline's, bit for bit, after training, and so are its encoder outputs; the decoder's embeddings started
+    from the baseline's and moved; fairseq's generator and the fast one give the same translations."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    save_dir = train_tiny(os.path.join(trained["data"], "bin"), str(tmp_path / "checkpoints"),
+                          train_flags("rnn_fc_translation", "rnn_fc_tiny"), "--rnn-fc-encoder", "transformer",
+                          "--share-decoder-input-output-embed", "--rnn-fc-base-checkpoint", trained["checkpoint"],
+                          "--rnn-fc-freeze-encoder", "--max-epoch", 2)
+    base = checkpoint_utils.load_checkpoint_to_cpu(trained["checkpoint"])["model"]
+    model, tgt_dict, _, batches = load(os.path.join(save_dir, "checkpoint_last.pt"))
+    own = model.state_dict()
+    encoder_keys = [key for key in own if key.startswith("encoder.") and not key.startswith("encoder.init_state.")]
+    assert len(encoder_keys) > 20 and all(torch.equal(own[key], base[key]) for key in encoder_keys)
+    assert not torch.equal(own["decoder.embed_tokens.weight"], base["decoder.embed_tokens.weight"])
+    assert own["decoder.embed_tokens.weight"].shape == base["decoder.embed_tokens.weight"].shape
+    baseline = load(trained["checkpoint"])[0]
+    net_input = batches[0]["net_input"]
+    with torch.no_grad():
+        theirs = baseline.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        ours = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
+    assert torch.equal(ours["encoder_out"][0], theirs["encoder_out"][0].transpose(0, 1))
+    stock = SequenceGenerator([model], tgt_dict, beam_size=6)
+    with torch.no_grad():
+        expected = [h[0]["tokens"].tolist() for batch in batches for h in stock.generate([model], batch)]
+    assert [h[0] for h in decode(RnnFcGenerator([model], tgt_dict, beam=6), model, batches)] == expected
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({}, "needs --rnn-fc-encoder transformer"),
+    ({"rnn_fc_encoder": "transformer", "encoder_ffn_embed_dim": 96}, "shape mismatches"),
+    ({"rnn_fc_encoder": "transformer", "encoder_layers": 1}, "parameters it has and this model lacks \\['encoder.layers.1"),
+])
+def test_a_base_checkpoint_that_does_not_fit_is_a_clear_error(trained, overrides, message):
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary.load(os.path.join(trained["data"], "bin", "dict.src.txt"))
+    model = tiny_model(dictionary, **overrides)
+    with pytest.raises(InputError, match=f"--rnn-fc-base-checkpoint {trained['checkpoint']}: .*{message}"):
+        model.load_base_checkpoint(trained["checkpoint"], "--rnn-fc-base-checkpoint")
 
 
 def test_table2_presets_are_the_fc_depth_and_top_layer_ladder():

@@ -11,7 +11,10 @@
 #                 fc0-tanh  no FC-ReLU layers (AttGRU, FC-tanh, softmax)
 #                 fc4-gru   a GRU top layer instead of FC-tanh
 #                 fc8-tanh  8 FC-ReLU layers
-#               LAYOUT (residual) is the FC stack's layout: residual (pre-norm blocks, our fix) or paper
+#               LAYOUT (residual) is the FC stack's layout: residual (pre-norm blocks, our fix) or paper.
+#               A "-tenc" suffix (fc4-tanh-tenc, ...): the same decoder on the baseline transformer's encoder,
+#               warm-started from BASELINE_WORK's checkpoint and frozen (rnn_fc_multi30k_transformer_encoder; our
+#               deviation from the paper's BiGRU encoder)
 #   average   : each system's last AVERAGE epoch checkpoints (fewer if it stopped sooner) averaged ->
 #               checkpoint_avg.pt, the one every
 #               later stage decodes
@@ -63,8 +66,17 @@ use_baseline_data "$BASE" "$WORK"
 mkdir -p "$RESULTS"
 DISTILL=$(shared_distill "$BASE")
 
-fc_layers() { local name=${1#fc}; echo "${name%-*}"; }    # fc4-tanh -> 4
-top_layer() { echo "${1#*-}"; }                          # fc4-tanh -> tanh
+fc_layers() { local name=${1#fc}; echo "${name%%-*}"; }   # fc4-tanh(-tenc) -> 4
+top_layer() { local top=${1#*-}; echo "${top%-tenc}"; }  # fc4-tanh(-tenc) -> tanh
+# The -tenc systems: the baseline's encoder, warm-started and frozen.
+encoder_flags() {
+  if [[ $1 == *-tenc ]]; then
+    echo "--task rnn_fc_translation --arch rnn_fc_multi30k_transformer_encoder --rnn-fc-freeze-encoder"
+    echo "--rnn-fc-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"
+  else
+    echo "--task translation --arch rnn_fc_multi30k"
+  fi
+}
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
 train_bin() { if [[ $TRAIN_ON == raw ]]; then echo "$DATA/bin"; else echo "$DISTILL/bin"; fi; }
 
@@ -76,8 +88,9 @@ if stage train; then
   for system in $SYSTEMS; do
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
-    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" --task translation \
-      --source-lang "$SRC" --target-lang "$TGT" --arch rnn_fc_multi30k --rnn-fc-fc-layers "$(fc_layers "$system")" \
+    # shellcheck disable=SC2046  # encoder_flags: words
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(encoder_flags "$system") \
+      --source-lang "$SRC" --target-lang "$TGT" --rnn-fc-fc-layers "$(fc_layers "$system")" \
       --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
       --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
       --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \

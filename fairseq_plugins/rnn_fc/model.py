@@ -19,12 +19,18 @@ Then the FC stack over [h'; c], in one of two layouts (--rnn-fc-fc-layout):
 Top o = tanh(T f_N) (or a GRU over f_N); logits = O o. The FC matrices start from He initialisation with zero
 biases and the top from Xavier (torch's default Linear init leaves a ReLU stack's output ~independent of its input).
 
+The encoder is the paper's bidirectional GRU, or (``--rnn-fc-encoder transformer``, our deviation) a fairseq
+transformer encoder that can start from a trained transformer's (``--rnn-fc-base-checkpoint`` of the
+``rnn_fc_translation`` task) and stay frozen (``--rnn-fc-freeze-encoder``): Devlin's speedups are all in the
+decoder, and an encoder runs once a sentence, so a trained one buys BLEU at a small, fixed cost per sentence.
+
 The decoder exposes these pieces (input_projection, state_projection, source_keys, attend, ...) so that the
 fast generator (generator.py) can switch each speedup on and off; ``forward`` runs the same pieces over a
 whole target sequence for fairseq-train, and the incremental path makes stock fairseq-generate work too.
 """
 
 import logging
+from itertools import chain
 from typing import Dict, List, Optional
 
 import torch
@@ -34,9 +40,12 @@ from torch import Tensor, nn
 from fairseq import utils
 from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder, register_model,
                             register_model_architecture)
+from fairseq.models.transformer import TransformerEncoder, base_architecture as transformer_base_architecture
 from fairseq.modules import FairseqDropout
 
 from ..baseline.model import _default
+from ..common.textio import InputError
+from ..common.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +54,7 @@ FC_LAYOUTS = ("residual", "paper")
 # he: He for the FC-ReLU layers, Xavier for the projections into and out of the stack, zero biases (the fix);
 # torch: nn.Linear's own default, what the first models had (kept to measure the fix, see docs/rnn_fc.md).
 FC_INITS = ("he", "torch")
+ENCODERS = ("bigru", "transformer")
 
 
 def _embedding(dictionary, dim: int) -> nn.Embedding:
@@ -78,20 +88,52 @@ class RnnFcEncoder(FairseqEncoder):
                                                    enforce_sorted=False)
         states, _ = self.gru(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=src_tokens.size(1))
-        valid = (~padding_mask).unsqueeze(-1).type_as(states)
-        mean = (states * valid).sum(1) / valid.sum(1).clamp(min=1)
-        init = torch.tanh(self.init_state(mean))
         return {
             "encoder_out": [states],  # (B, T, 2 * hidden), batch first
             "encoder_padding_mask": [padding_mask],
-            "decoder_init_state": [init],
+            "decoder_init_state": [_first_state(self.init_state, states, padding_mask)],
         }
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        return {key: [value.index_select(0, new_order) for value in values] for key, values in encoder_out.items()}
+        return _reorder_batch_first(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions
+
+
+def _reorder_batch_first(encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+    return {key: [value.index_select(0, new_order) for value in values] for key, values in encoder_out.items()}
+
+
+def _first_state(init_state: nn.Linear, states: Tensor, padding_mask: Tensor) -> Tensor:
+    """The decoder's first state: tanh of a projection of the mean encoder state over the real tokens."""
+    valid = (~padding_mask).unsqueeze(-1).type_as(states)
+    mean = (states * valid).sum(1) / valid.sum(1).clamp(min=1)
+    return torch.tanh(init_state(mean))
+
+
+class RnnFcTransformerEncoder(TransformerEncoder):
+    """fairseq's transformer encoder under the rnn_fc decoder's interface: batch-first states, the padding mask
+    and the decoder's first state. Its parameters keep the transformer's names, so a trained transformer's
+    ``encoder.*`` tensors load into it as they are (``init_state`` is its own)."""
+
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(args, dictionary, embed_tokens)
+        self.output_dim = embed_tokens.embedding_dim
+        self.init_state = nn.Linear(self.output_dim, args.decoder_hidden_size)
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor, **kwargs):
+        out = super().forward(src_tokens, src_lengths=src_lengths)
+        states = out["encoder_out"][0].transpose(0, 1)  # (B, T, C)
+        padding_mask = out["encoder_padding_mask"][0]
+        return {
+            "encoder_out": [states],
+            "encoder_padding_mask": [padding_mask],
+            "decoder_init_state": [_first_state(self.init_state, states, padding_mask)],
+        }
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return _reorder_batch_first(encoder_out, new_order)
 
 
 class RnnFcDecoder(FairseqIncrementalDecoder):
@@ -318,6 +360,17 @@ class RnnFcModel(FairseqEncoderDecoderModel):
                                  "low-precision range (0: off)")
         parser.add_argument("--rnn-fc-activation-clip", type=float, metavar="A",
                             help="clip the fully-connected activations to at most A (0: off)")
+        parser.add_argument("--rnn-fc-encoder", choices=ENCODERS,
+                            help="bigru: the paper's bidirectional GRU encoder (default); transformer: fairseq's "
+                                 "transformer encoder (--encoder-embed-dim, --encoder-layers, "
+                                 "--encoder-ffn-embed-dim, --encoder-attention-heads), which the "
+                                 "rnn_fc_translation task's --rnn-fc-base-checkpoint can start from a trained "
+                                 "transformer's (our deviation from the paper)")
+        parser.add_argument("--rnn-fc-freeze-encoder", action="store_true",
+                            help="train the decoder only: the encoder's parameters (its embeddings too, which "
+                                 "--share-all-embeddings shares with the decoder and the softmax) keep their "
+                                 "values, e.g. those of --rnn-fc-base-checkpoint; the first-state projection "
+                                 "still trains")
         parser.add_argument("--share-decoder-input-output-embed", action="store_true",
                             help="tie the softmax weights to the target embeddings")
         parser.add_argument("--share-all-embeddings", action="store_true",
@@ -338,17 +391,41 @@ class RnnFcModel(FairseqEncoderDecoderModel):
             decoder_embed = encoder_embed
         else:
             decoder_embed = _embedding(tgt_dict, args.decoder_embed_dim)
-        encoder = RnnFcEncoder(args, src_dict, encoder_embed)
+        if args.rnn_fc_encoder not in ENCODERS:
+            raise ValueError(f"--rnn-fc-encoder {args.rnn_fc_encoder}: choose one of {', '.join(ENCODERS)}")
+        encoder_cls = RnnFcTransformerEncoder if args.rnn_fc_encoder == "transformer" else RnnFcEncoder
+        encoder = encoder_cls(args, src_dict, encoder_embed)
         decoder = RnnFcDecoder(args, tgt_dict, decoder_embed, encoder.output_dim)
-        return cls(encoder, decoder, weight_clip=args.rnn_fc_weight_clip)
+        model = cls(encoder, decoder, weight_clip=args.rnn_fc_weight_clip)
+        if args.rnn_fc_freeze_encoder:
+            for name, param in encoder.named_parameters():
+                param.requires_grad = name.startswith("init_state.")
+        return model
 
     def __init__(self, encoder, decoder, weight_clip: float = 0.0):
         super().__init__(encoder, decoder)
         self.weight_clip = weight_clip
 
+    def load_base_checkpoint(self, path: str, flag: str) -> None:
+        """Warm start of a transformer encoder from a trained fairseq transformer of the same encoder sizes and
+        dictionaries (e.g. the baseline): every ``encoder.*`` tensor but the first-state projection, and the target
+        embeddings (the softmax's too when tied to them). The rest of the decoder keeps its initialisation."""
+        if not isinstance(self.encoder, RnnFcTransformerEncoder):
+            raise InputError(f"{flag} {path}: needs --rnn-fc-encoder transformer (a BiGRU encoder has no "
+                             "transformer to start from)")
+        warm_start(self, path, flag,
+                   required=lambda key: key.startswith("encoder.") and not key.startswith("encoder.init_state."),
+                   take=lambda key: key.startswith(("encoder.", "decoder.embed_tokens."))
+                   and not key.endswith("_float_tensor"))
+
     def clipped_weights(self):
-        """The matrices --rnn-fc-weight-clip keeps in range: every Linear and GRU weight (not embeddings)."""
-        for module in self.modules():
+        """The matrices --rnn-fc-weight-clip keeps in range: every Linear and GRU weight (not embeddings), except
+        a transformer encoder's, which come from an unclipped training (--rnn-fc-base-checkpoint) and which the
+        fast decoder does not run in low precision."""
+        modules = self.modules()
+        if isinstance(self.encoder, RnnFcTransformerEncoder):
+            modules = chain(self.decoder.modules(), [self.encoder.init_state])
+        for module in modules:
             if isinstance(module, (nn.Linear, nn.GRU)):
                 for name, param in module.named_parameters(recurse=False):
                     if name.startswith("weight") and param is not self.decoder.embed_tokens.weight:
@@ -384,11 +461,16 @@ def rnn_fc_base(args):
          rnn_fc_fc_layers=7, rnn_fc_fc_dim=1024, rnn_fc_top="tanh", rnn_fc_weight_clip=0.0,
          rnn_fc_activation_clip=0.0, share_decoder_input_output_embed=False, share_all_embeddings=False,
          max_source_positions=1024, max_target_positions=1024, rnn_fc_fc_layout="residual",
-         rnn_fc_fc_init="he")
+         rnn_fc_fc_init="he", rnn_fc_encoder="bigru", rnn_fc_freeze_encoder=False)
     _set(args, rnn_fc_fc_dropout=args.dropout if args.rnn_fc_fc_layout == "paper" else 0.1)
     _set(args, decoder_output_dim=args.decoder_embed_dim)
     # checkpoints pickle args: plain strs, never ChoiceEnum values
     args.rnn_fc_top, args.rnn_fc_fc_layout = str(args.rnn_fc_top), str(args.rnn_fc_fc_layout)
+    args.rnn_fc_encoder = str(args.rnn_fc_encoder)
+    if args.rnn_fc_encoder == "transformer":
+        # fairseq's own defaults for whatever transformer-encoder setting the preset left open (post-norm,
+        # sinusoidal positions, ...); the rnn_fc settings above are already set and stay.
+        transformer_base_architecture(args)
 
 
 # The paper's Table 2 compares FC depth and the top layer; S1-S6 are that ladder at the rnn_fc sizes.
@@ -412,15 +494,27 @@ for _name, (_layers, _top) in TABLE2_LADDER.items():
 @register_model_architecture("rnn_fc", "rnn_fc_multi30k")
 def rnn_fc_multi30k(args):
     """Sized for Multi30k on two CPU cores (the baseline transformer's 256-d, joint dictionary)."""
+    # encoder_ffn_embed_dim and encoder_attention_heads: a transformer encoder (--rnn-fc-encoder) the baseline's.
+    _set(args, encoder_ffn_embed_dim=1024, encoder_attention_heads=4)
     _set(args, encoder_embed_dim=256, encoder_hidden_size=256, decoder_hidden_size=256, rnn_fc_attention_dim=256,
          rnn_fc_fc_layers=4, rnn_fc_fc_dim=512, dropout=0.3, share_all_embeddings=True,
          share_decoder_input_output_embed=True, rnn_fc_weight_clip=1.0, rnn_fc_activation_clip=16.0)
     rnn_fc_base(args)
 
 
+@register_model_architecture("rnn_fc", "rnn_fc_multi30k_transformer_encoder")
+def rnn_fc_multi30k_transformer_encoder(args):
+    """rnn_fc_multi30k's decoder on the baseline transformer's encoder (3 layers, 256-d, 4 heads, FFN 1024), to
+    start from a trained one (--rnn-fc-base-checkpoint); the decoder has its own embeddings, tied to its softmax,
+    so that a frozen encoder (--rnn-fc-freeze-encoder) leaves them free to train."""
+    _set(args, rnn_fc_encoder="transformer", share_all_embeddings=False, share_decoder_input_output_embed=True)
+    rnn_fc_multi30k(args)
+
+
 @register_model_architecture("rnn_fc", "rnn_fc_tiny")
 def rnn_fc_tiny(args):
     """For the tests and the demo."""
+    _set(args, encoder_ffn_embed_dim=128, encoder_attention_heads=2)
     _set(args, encoder_embed_dim=64, encoder_hidden_size=64, encoder_layers=2, decoder_hidden_size=64,
          rnn_fc_attention_dim=64, rnn_fc_fc_layers=2, rnn_fc_fc_dim=128, dropout=0.1)
     rnn_fc_base(args)

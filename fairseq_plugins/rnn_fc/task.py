@@ -1,10 +1,12 @@
 """``rnn_fc_translation``: fairseq's translation task whose generator is RnnFcGenerator, with Devlin (2017)'s
 decoding switches as task flags. Decodes rnn_fc models (every switch) and any other fairseq encoder-decoder
-model, the baseline transformer included (candidate lists, int8, early stopping). Training needs nothing
-from it (``--task translation`` trains rnn_fc just as well).
+model, the baseline transformer included (candidate lists, int8, early stopping). Training needs it only for
+the warm start of a transformer encoder (``--rnn-fc-base-checkpoint``); ``--task translation`` trains rnn_fc
+otherwise just as well.
 """
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
@@ -12,7 +14,9 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
+from ..common.warm_start import warm_start_unless_resuming
 from .generator import RnnFcGenerator
+from .model import RnnFcModel
 from ..candidates import PRECISIONS, TaskCandidateLists
 from ..int8 import int8_model_unsupported_reason
 from .steppers import SPEEDUPS
@@ -59,6 +63,12 @@ class RnnFcTranslationConfig(TranslationConfig):
                                          "--rnn-fc-delta below its best finished one (cumulative log-probs)"},
     )
     rnn_fc_delta: float = field(default=3.0, metadata={"help": "the early-stopping margin delta"})
+    rnn_fc_base_checkpoint: Optional[str] = field(
+        default=None, metadata={"help": "training: start an rnn_fc model's transformer encoder (--rnn-fc-encoder "
+                                        "transformer) and its embeddings from this trained fairseq transformer of "
+                                        "the same encoder sizes and data (e.g. the baseline's); the decoder keeps "
+                                        "its initialisation. Not applied when the training resumes"},
+    )
 
 
 @register_task("rnn_fc_translation", dataclass=RnnFcTranslationConfig)
@@ -67,6 +77,16 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
 
     def candidate_lists_path(self) -> str:
         return self.cfg.rnn_fc_shortlist
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        path = self.cfg.rnn_fc_base_checkpoint
+        if path and not from_checkpoint:
+            flag = "--rnn-fc-base-checkpoint"
+            if not isinstance(model, RnnFcModel):
+                raise InputError(f"{flag} needs --arch rnn_fc* (the model built is a {type(model).__name__})")
+            warm_start_unless_resuming(cfg, path, flag, lambda path: model.load_base_checkpoint(path, flag))
+        return model
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
