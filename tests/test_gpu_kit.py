@@ -131,4 +131,14 @@ def test_summary_reads_curves_device_precision_and_stop_reason(tmp_path):
     assert run["train_seconds"] == 61.5 and run["stopped_by"].startswith("patience")
     table = (tmp_path / "training.md").read_text()
     assert "| run | NVIDIA H100 80GB HBM3 | fp16 | 3 | 4.900 (3.600) @ 2 | 61.5 |" in table
+    # A resumed run whose wall clock started again from 0: the curve keeps counting, and the total is no longer
+    # the last run's "done training in".
+    log.write_text("".join(f"x | valid | epoch {n:03d} | valid on 'valid' subset | loss 5.{n} | nll_loss 4.{n} | "
+                           f"ppl 17\nx | train | epoch {n:03d} | loss 6.1 | nll_loss 5.0 | ppl 32 | wall {wall}\n"
+                           for n, wall in [(1, 600), (2, 1200), (3, 500), (4, 1000)])
+                   + "x | fairseq_cli.train | done training in 1001.0 seconds\n")
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "results", "training_curves.py"), "--logs",
+                    f"run={log}", "--json", str(out)], check=True)
+    run = json.load(open(out))["runs"]["run"]
+    assert [p["wall_seconds"] for p in run["curve"]] == [600, 1200, 1700, 2200] and run["train_seconds"] == 2200
     assert "| run | 5.500 / 4.100 (20 s) | 4.900 / 3.600 | 4.950 / 3.650 |" in table  # every epoch

@@ -22,6 +22,9 @@ from fairseq_plugins.common.plots import pyplot, save_png
 from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))
+from training_curves import cumulative_walls  # noqa: E402  (a script beside this one, stdlib only)
+
 
 def parameters(checkpoint: str) -> int:
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
@@ -40,20 +43,16 @@ def training(log_path: str) -> dict:
         text = f.read()
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
     done = re.search(r"done training in ([\d.]+) seconds", text)
-    walls, offset, previous = {}, 0, 0
-    for epoch, wall in re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text):
-        if int(wall) < previous:
-            offset += previous
-        previous = int(wall)
-        walls[epoch] = offset + int(wall)
-    curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": int(walls[epoch])}
+    walls, restarted = cumulative_walls(
+        (int(epoch), int(wall)) for epoch, wall in re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text))
+    curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": walls[int(epoch)]}
              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
-             if epoch in walls]
+             if int(epoch) in walls]
     return {
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
         # (fairseq's "done training in" counts the last run only)
-        "wall_seconds": float(done.group(1)) if done and not offset else (curve[-1]["wall_seconds"] if curve else None),
+        "wall_seconds": float(done.group(1)) if done and not restarted else (curve[-1]["wall_seconds"] if curve else None),
         "valid_loss_base2": [float(loss) for loss, _ in valid],
         "curve": curve,
     }

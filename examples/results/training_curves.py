@@ -19,9 +19,24 @@ FP16 = re.compile(r"'fp16': (True|False)")
 BF16 = re.compile(r"'bf16': (True|False)")
 
 
+def cumulative_walls(pairs):
+    """fairseq's training wall seconds at the end of each epoch, counted across resumes, from the (epoch, wall)
+    pairs of its "| train |" lines in log order -> ({epoch: seconds}, whether a resume restarted the clock).
+    ``wall`` may start again from 0 when a run resumes (seen after a run was stopped at an epoch's end): where it
+    falls, the time before is added back. (Also used by examples/bytenet/summarize.py; stdlib only, as this
+    script runs on a device without the package.)"""
+    walls, offset, previous = {}, 0, 0
+    for epoch, wall in pairs:
+        if wall < previous:
+            offset += previous
+        previous = wall
+        walls[epoch] = offset + wall
+    return walls, offset > 0
+
+
 def read_log(path: str) -> dict:
     curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, "max epoch", False, False
-    walls = {}  # epoch -> fairseq's training wall seconds at its end (carried over a resume)
+    wall_lines = []  # (epoch, fairseq's training wall seconds at its end) in log order
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if m := VALID.search(line):
@@ -29,7 +44,7 @@ def read_log(path: str) -> dict:
                 curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
                 curve.append({"epoch": epoch, "loss": float(m.group(2)), "nll_loss": float(m.group(3))})
             elif m := TRAIN_WALL.search(line):
-                walls[int(m.group(1))] = int(m.group(2))
+                wall_lines.append((int(m.group(1)), int(m.group(2))))
             elif m := DEVICE.search(line):
                 device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
             elif m := DONE.search(line):
@@ -43,8 +58,11 @@ def read_log(path: str) -> dict:
                 bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
     if not curve:
         raise SystemExit(f"{path}: no validation line (not a fairseq-train log, or it ended before epoch 1)")
+    walls, restarted = cumulative_walls(wall_lines)
     for point in curve:
         point["wall_seconds"] = walls.get(point["epoch"])
+    if restarted:  # "done training in" counts the last run only
+        seconds = max(walls.values())
     best = min(curve, key=lambda point: point["loss"])
     return {"log": path, "device": device or {"name": "cpu"}, "precision": "fp16" if fp16 else "bf16" if bf16 else
             "fp32", "epochs": curve[-1]["epoch"], "best_epoch": best["epoch"], "best_valid_loss": best["loss"],

@@ -20,7 +20,7 @@
 #               later stage decodes
 #   align     : fairseq-plugins align --lexical-table of the training pieces (systran-align)
 #   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the 100 most frequent pieces
-#   table1    : paper Table 1 on fc4-tanh: each decoding switch added in turn; per row the BLEU of
+#   table1    : paper Table 1 on MAIN_SYSTEM (fc4-tanh): each decoding switch added in turn; per row the BLEU of
 #               fairseq-generate on the whole test set and a bench row (vs fairseq's stock generator on the
 #               same model, same run) -> RESULTS/rnn_fc_table1.json
 #   table2    : paper Table 2: every SYSTEM trained to its plateau (averaged), exact switches on
@@ -29,7 +29,7 @@
 #               model decodes with --task rnn_fc_translation) -> RESULTS/rnn_fc_baseline.json
 #   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
 #               -> RESULTS/rnn_fc_lists.json
-#   versus    : fc4-tanh (exact switches; all switches) against the baseline transformer at beam 6 in the same
+#   versus    : MAIN_SYSTEM (exact switches; all switches) against the baseline transformer at beam 6 in the same
 #               run -> RESULTS/rnn_fc_vs_baseline.json
 #   ctranslate2 : the baseline transformer converted by CTranslate2's fairseq converter, int8, one thread, same
 #               sentences (installs ctranslate2==4.8.5 if missing) -> RESULTS/rnn_fc_ctranslate2.json
@@ -39,7 +39,8 @@
 # Usage: examples/rnn_fc/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
-#        STAGES, SYSTEMS, TRAIN_ON (distill | raw), DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
+#        STAGES, SYSTEMS, MAIN_SYSTEM (fc4-tanh: the system of table1 and versus), TRAIN_ON (distill | raw),
+#        DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
 #        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
@@ -165,7 +166,8 @@ TABLE1=(
   "+ int8|--rnn-fc-speedups all --rnn-fc-early-stop --rnn-fc-precision int8"
   "+ candidate lists|--rnn-fc-speedups all --rnn-fc-early-stop --rnn-fc-precision int8 --rnn-fc-shortlist $LIST"
 )
-MAIN=$(checkpoint fc4-tanh)
+MAIN_SYSTEM=${MAIN_SYSTEM:-fc4-tanh}
+MAIN=$(checkpoint "$MAIN_SYSTEM")
 
 if stage table1; then
   evaluate_and_bench_rows table1 "$MAIN" "$RESULTS/rnn_fc_table1.json" "${TABLE1[@]}"
@@ -212,9 +214,9 @@ if stage versus; then
   # The target: rnn_fc against the baseline transformer (stock fairseq, beam 6) decoded in the same run.
   json=$RESULTS/rnn_fc_vs_baseline.json
   rm -f "$json.tmp"
-  bench_row "$json.tmp" "fc4-tanh exact switches" "$MAIN" --baseline-path "$BASELINE"
+  bench_row "$json.tmp" "$MAIN_SYSTEM exact switches" "$MAIN" --baseline-path "$BASELINE"
   read -r -a flags <<< "${TABLE1[-1]#*|}"
-  bench_row "$json.tmp" "fc4-tanh all switches" "$MAIN" --baseline-path "$BASELINE" "${flags[@]}"
+  bench_row "$json.tmp" "$MAIN_SYSTEM all switches" "$MAIN" --baseline-path "$BASELINE" "${flags[@]}"
   mv "$json.tmp" "$json"
 fi
 
