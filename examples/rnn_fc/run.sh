@@ -12,9 +12,10 @@
 #                 fc4-gru   a GRU top layer instead of FC-tanh
 #                 fc8-tanh  8 FC-ReLU layers
 #               LAYOUT (residual) is the FC stack's layout: residual (pre-norm blocks, our fix) or paper.
-#               A "-tenc" suffix (fc4-tanh-tenc, ...): the same decoder on the baseline transformer's encoder,
-#               warm-started from BASELINE_WORK's checkpoint and frozen (rnn_fc_multi30k_transformer_encoder; our
-#               deviation from the paper's BiGRU encoder)
+#               Suffixes, in any order after fcN-top: "-tenc" (fc4-tanh-tenc): the same decoder on the baseline
+#               transformer's encoder, warm-started from BASELINE_WORK's checkpoint and frozen
+#               (rnn_fc_multi30k_transformer_encoder; our deviation from the paper's BiGRU encoder); "-d512": the
+#               paper's decoder widths (AttGRU and attention 512, FC layers 1024; embeddings stay 256)
 #   average   : each system's last AVERAGE epoch checkpoints (fewer if it stopped sooner) averaged ->
 #               checkpoint_avg.pt, the one every
 #               later stage decodes
@@ -67,15 +68,23 @@ use_baseline_data "$BASE" "$WORK"
 mkdir -p "$RESULTS"
 DISTILL=$(shared_distill "$BASE")
 
-fc_layers() { local name=${1#fc}; echo "${name%%-*}"; }   # fc4-tanh(-tenc) -> 4
-top_layer() { local top=${1#*-}; echo "${top%-tenc}"; }  # fc4-tanh(-tenc) -> tanh
-# The -tenc systems: the baseline's encoder, warm-started and frozen.
-encoder_flags() {
-  if [[ $1 == *-tenc ]]; then
+fc_layers() { local name=${1#fc}; echo "${name%%-*}"; }   # fc4-tanh(-...) -> 4
+top_layer() { local top=${1#*-}; echo "${top%%-*}"; }    # fc4-tanh(-...) -> tanh
+has_suffix() { [[ $1- == *"-$2-"* ]]; }                  # has_suffix fc4-tanh-tenc-d512 tenc
+# fairseq-train's task, model and size flags of a system name (see train above).
+system_flags() {
+  local suffix
+  for suffix in $(cut -d- -f3- <<< "$1" | tr - ' '); do
+    case $suffix in tenc|d512) ;; *) echo "SYSTEMS: $1: unknown suffix -$suffix (-tenc, -d512)" >&2; exit 2 ;; esac
+  done
+  if has_suffix "$1" tenc; then
     echo "--task rnn_fc_translation --arch rnn_fc_multi30k_transformer_encoder --rnn-fc-freeze-encoder"
     echo "--rnn-fc-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"
   else
     echo "--task translation --arch rnn_fc_multi30k"
+  fi
+  if has_suffix "$1" d512; then
+    echo "--decoder-hidden-size 512 --rnn-fc-attention-dim 512 --rnn-fc-fc-dim 1024"
   fi
 }
 checkpoint() { echo "$WORK/$1/checkpoints/checkpoint_avg.pt"; }
@@ -89,8 +98,9 @@ if stage train; then
   for system in $SYSTEMS; do
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
-    # shellcheck disable=SC2046  # encoder_flags: words
-    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(encoder_flags "$system") \
+    flags=$(system_flags "$system")
+    # shellcheck disable=SC2086  # system_flags: words
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $flags \
       --source-lang "$SRC" --target-lang "$TGT" --rnn-fc-fc-layers "$(fc_layers "$system")" \
       --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
       --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
