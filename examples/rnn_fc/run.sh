@@ -15,7 +15,9 @@
 #               Suffixes, in any order after fcN-top: "-tenc" (fc4-tanh-tenc): the same decoder on the baseline
 #               transformer's encoder, warm-started from BASELINE_WORK's checkpoint and frozen
 #               (rnn_fc_multi30k_transformer_encoder; our deviation from the paper's BiGRU encoder); "-d512": the
-#               paper's decoder widths (AttGRU and attention 512, FC layers 1024; embeddings stay 256)
+#               paper's decoder widths (AttGRU and attention 512, FC layers 1024; embeddings stay 256); "-ft" (last;
+#               fc4-tanh-tenc-ft): the system named without it, trained first, fine-tuned whole (its encoder no longer
+#               frozen) from its best checkpoint at FINETUNE_LR (3e-4)
 #   average   : each system's last AVERAGE epoch checkpoints (fewer if it stopped sooner) averaged ->
 #               checkpoint_avg.pt, the one every
 #               later stage decodes
@@ -41,7 +43,7 @@
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
 #        STAGES, SYSTEMS, MAIN_SYSTEM (fc4-tanh: the system of table1 and versus), TRAIN_ON (distill | raw),
-#        DISTILL, LAYOUT (residual | paper), EPOCHS (60: a cap; per
+#        DISTILL, LAYOUT (residual | paper), FINETUNE_LR (3e-4), EPOCHS (60: a cap; per
 #        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
@@ -73,11 +75,19 @@ top_layer() { local top=${1#*-}; echo "${top%%-*}"; }    # fc4-tanh(-...) -> tan
 has_suffix() { [[ $1- == *"-$2-"* ]]; }                  # has_suffix fc4-tanh-tenc-d512 tenc
 # fairseq-train's task, model and size flags of a system name (see train above).
 system_flags() {
-  local suffix
+  local suffix parent=${1%-ft}
   for suffix in $(cut -d- -f3- <<< "$1" | tr - ' '); do
-    case $suffix in tenc|d512) ;; *) echo "SYSTEMS: $1: unknown suffix -$suffix (-tenc, -d512)" >&2; exit 2 ;; esac
+    case $suffix in tenc|d512|ft) ;; *) echo "SYSTEMS: $1: unknown suffix -$suffix (-tenc, -d512, -ft)" >&2; exit 2 ;; esac
   done
-  if has_suffix "$1" tenc; then
+  if [[ $parent != "$1" ]]; then
+    [[ -f $WORK/$parent/checkpoints/checkpoint_best.pt ]] || {
+      echo "SYSTEMS: $1 fine-tunes $parent: train $parent first ($WORK/$parent/checkpoints/checkpoint_best.pt)" >&2
+      exit 2; }
+    echo "--finetune-from-model $WORK/$parent/checkpoints/checkpoint_best.pt --lr ${FINETUNE_LR:-3e-4}"
+  fi
+  if has_suffix "$1" tenc && [[ $parent != "$1" ]]; then
+    echo "--task rnn_fc_translation --arch rnn_fc_multi30k_transformer_encoder"
+  elif has_suffix "$1" tenc; then
     echo "--task rnn_fc_translation --arch rnn_fc_multi30k_transformer_encoder --rnn-fc-freeze-encoder"
     echo "--rnn-fc-base-checkpoint $BASE/checkpoints/checkpoint_best.pt"
   else
@@ -99,15 +109,15 @@ if stage train; then
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
     flags=$(system_flags "$system")
-    # shellcheck disable=SC2086  # system_flags: words
-    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $flags \
+    # shellcheck disable=SC2086  # system_flags: words, last so that they override the defaults before them
+    OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" \
       --source-lang "$SRC" --target-lang "$TGT" --rnn-fc-fc-layers "$(fc_layers "$system")" \
       --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
       --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
       --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
       --max-tokens 4096 --max-epoch "$(epochs "$system")" --patience 3 --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
-      --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
+      --log-format simple --log-interval 50 $flags ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
 fi
 
