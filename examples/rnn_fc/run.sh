@@ -22,7 +22,8 @@
 #               checkpoint_avg.pt, the one every
 #               later stage decodes
 #   align     : fairseq-plugins align --lexical-table of the training pieces (systran-align)
-#   shortlist : fairseq-plugins shortlist: top 20 translations per source piece + the 100 most frequent pieces
+#   shortlist : fairseq-plugins shortlist: top LIST_TOP (20) translations per source piece + the LIST_FREQUENT (100)
+#               most frequent pieces
 #   table1    : paper Table 1 on MAIN_SYSTEM (fc4-tanh): each decoding switch added in turn; per row the BLEU of
 #               fairseq-generate on the whole test set and a bench row (vs fairseq's stock generator on the
 #               same model, same run) -> RESULTS/rnn_fc_table1.json
@@ -43,7 +44,7 @@
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
 #        STAGES, SYSTEMS, MAIN_SYSTEM (fc4-tanh: the system of table1 and versus), TRAIN_ON (distill | raw),
-#        DISTILL, LAYOUT (residual | paper), FINETUNE_LR (3e-4), EPOCHS (60: a cap; per
+#        DISTILL, LAYOUT (residual | paper), FINETUNE_LR (3e-4), LIST_TOP, LIST_FREQUENT, EPOCHS (60: a cap; per
 #        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
@@ -127,7 +128,10 @@ if stage average; then
   done
 fi
 
+LIST_TOP=${LIST_TOP:-20}
+LIST_FREQUENT=${LIST_FREQUENT:-100}
 LIST=$WORK/shortlist.pt
+[[ $LIST_TOP == 20 && $LIST_FREQUENT == 100 ]] || LIST=$WORK/shortlist-t$LIST_TOP-f$LIST_FREQUENT.pt
 BASELINE=$BASE/checkpoints/checkpoint_best.pt
 
 if stage align; then
@@ -137,7 +141,7 @@ fi
 
 if stage shortlist; then
   record fairseq-plugins shortlist --lexical-table "$WORK/lex.$SRC-$TGT.txt" --data-bin "$DATA/bin" \
-    -s "$SRC" -t "$TGT" --top 20 --frequent 100 --output "$LIST"
+    -s "$SRC" -t "$TGT" --top "$LIST_TOP" --frequent "$LIST_FREQUENT" --output "$LIST"
 fi
 
 evaluate() {  # NAME CHECKPOINT [decoding flags...]: fairseq-generate of the whole test set at beam 6, sacreBLEU
