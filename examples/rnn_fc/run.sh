@@ -34,6 +34,7 @@
 #   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
 #               -> RESULTS/rnn_fc_lists.json
 #   versus    : MAIN_SYSTEM (exact switches; all switches) against the baseline transformer at beam 6 in the same
+#               run (other than fc4-tanh: RESULTS/rnn_fc_vs_baseline_MAIN_SYSTEM.json)
 #               run -> RESULTS/rnn_fc_vs_baseline.json
 #   ctranslate2 : the baseline transformer converted by CTranslate2's fairseq converter, int8, one thread, same
 #               sentences (installs ctranslate2==4.8.5 if missing) -> RESULTS/rnn_fc_ctranslate2.json
@@ -237,6 +238,7 @@ fi
 if stage versus; then
   # The target: rnn_fc against the baseline transformer (stock fairseq, beam 6) decoded in the same run.
   json=$RESULTS/rnn_fc_vs_baseline.json
+  [[ $MAIN_SYSTEM == fc4-tanh ]] || json=$RESULTS/rnn_fc_vs_baseline_$MAIN_SYSTEM.json
   rm -f "$json.tmp"
   bench_row "$json.tmp" "$MAIN_SYSTEM exact switches" "$MAIN" --baseline-path "$BASELINE"
   read -r -a flags <<< "${TABLE1[-1]#*|}"
