@@ -34,8 +34,8 @@
 #   lists     : candidate-list size on the baseline transformer: --frequent in FREQUENTS (100 500 2000), top 20
 #               -> RESULTS/rnn_fc_lists.json
 #   versus    : MAIN_SYSTEM (exact switches; all switches) against the baseline transformer at beam 6 in the same
-#               run (other than fc4-tanh: RESULTS/rnn_fc_vs_baseline_MAIN_SYSTEM.json)
-#               run -> RESULTS/rnn_fc_vs_baseline.json
+#               run -> RESULTS/rnn_fc_vs_baseline.json (another MAIN_SYSTEM than fc4-tanh:
+#               RESULTS/rnn_fc_vs_baseline_MAIN_SYSTEM.json)
 #   ctranslate2 : the baseline transformer converted by CTranslate2's fairseq converter, int8, one thread, same
 #               sentences (installs ctranslate2==4.8.5 if missing) -> RESULTS/rnn_fc_ctranslate2.json
 #   summary   : examples/rnn_fc/summarize.py -> RESULTS/rnn_fc_summary.{json,md}
