@@ -1,5 +1,5 @@
 """Every method's best measured figure, from the bench JSON files: the README's results table and the
-cross-method plot (``fairseq-plugins report --readme README.md [--check] [--plot PNG]``).
+cross-method plot (``fairseq-plugins report --readme README.md [--check] [--overview-plot PNG]``).
 
 Nothing here is typed by hand: the README block between the two markers is what this module writes from
 docs/results/*.json, and ``--check`` (run by ``make test``) fails when the README no longer matches them.
