@@ -82,8 +82,33 @@ distill_training_set() {
 average_last_epochs() {
   local kept
   kept=$(find "$1" -maxdepth 1 -regex '.*/checkpoint[0-9]+\.pt' | wc -l)
+  if ((kept == 0)); then  # a training stopped (by its time cap) inside its first epoch: nothing to average
+    echo "average: $1 holds no epoch checkpoint yet; $3 not written" >&2
+    return 0
+  fi
   record fairseq-plugins average-checkpoints --inputs "$1" --num-epoch-checkpoints $(( kept < $2 ? kept : $2 )) \
     --output "$3"
+}
+
+# The N epoch checkpoints of DIR that end at the epoch of the lowest validation loss in LOG (fairseq-train's log,
+# --log-format simple), averaged into OUT. A training that patience stopped ends N epochs past its best: there
+# the last N epochs are the overfitted ones. Needs --keep-last-epochs >= N + patience; without an epoch checkpoint
+# at the best it averages the last N (average_last_epochs).
+average_epochs_to_best() {  # DIR LOG N OUT
+  local best epoch inputs=()
+  best=$(sed -nE "s/.*\| epoch 0*([0-9]+) \| valid on 'valid' subset \| loss ([0-9.]+) .*/\2 \1/p" "$2" \
+    | sort -g -k1,1 -k2,2n | head -n 1 | cut -d' ' -f2)
+  if [[ -n $best ]]; then
+    for ((epoch = best - $3 + 1; epoch <= best; epoch++)); do
+      [[ -f $1/checkpoint$epoch.pt ]] && inputs+=("$1/checkpoint$epoch.pt")
+    done
+  fi
+  if [[ -z $best || ! -f $1/checkpoint$best.pt ]]; then
+    average_last_epochs "$1" "$3" "$4"
+    return
+  fi
+  echo "average: epochs $(basename "${inputs[0]}" .pt | tr -dc 0-9)-$best of $1 (best validation loss at epoch $best)" >&2
+  record fairseq-plugins average-checkpoints --inputs "${inputs[@]}" --output "$4"
 }
 
 shared_distill() { echo "${DISTILL:-$(dirname "$1")/distill/beam5}"; }

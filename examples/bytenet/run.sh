@@ -8,8 +8,9 @@
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
 #              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each; then the "-anneal"
 #              cool-downs of the deep ByteNets from their best checkpoints (ANNEAL_UPDATES, 372)
-#   average  : each trained system's last AVERAGE (5) epoch checkpoints averaged into checkpoint_avg.pt, which
-#              every later stage uses
+#   average  : each trained system's AVERAGE (5) epoch checkpoints up to its best validation loss averaged into
+#              checkpoint_avg.pt, which every later stage uses (patience stops a training PATIENCE epochs past
+#              its best: the checkpoints kept are the last AVERAGE + PATIENCE)
 #   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
 #              normalisation (--lenpen 0, the paper's setting) for both systems
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
@@ -28,10 +29,13 @@
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
-#        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide transformer-lm nanogpt-lm bytenet-lm-deep-anneal
+#        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
+#        transformer-lm nanogpt-lm bytenet-lm-deep-anneal
 #        bytenet-lm-deep-reg-anneal": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
-#        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3)
+#        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
+#        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings after them
+#        (the GPU kit's bytenet stage sets larger MT batches: examples/gpu/run.sh)
 set -euo pipefail
 # shellcheck source=examples/tools.sh
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
@@ -65,13 +69,15 @@ fi
 if [[ -f $WORK/mt-data/prepare.json ]]; then check_langs "$WORK/mt-data"; fi
 
 # Every system gets the same optimiser, schedule, dropout (but nanoGPT's own 0.2), wall-clock cap and plateau
-# rule (validation loss, checked once an epoch); the last AVERAGE epoch checkpoints are kept for averaging.
+# rule (validation loss, checked once an epoch); the epoch checkpoints are kept for averaging.
 COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 1.0
   --lr 1e-3 --lr-scheduler inverse_sqrt --dropout 0.1 --seed 1 --num-workers 0
-  --log-format simple --log-interval 50 --keep-last-epochs "$AVERAGE" --patience "$PATIENCE")
+  --log-format simple --log-interval 50 --keep-last-epochs "$((AVERAGE + PATIENCE))" --patience "$PATIENCE")
 MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang "$SRC" --target-lang "$TGT"
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --warmup-updates 1000
   --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
+read -ra EXTRA_TRAIN <<< "${TRAIN_FLAGS:-}"
+read -ra EXTRA_MT_TRAIN <<< "${MT_TRAIN_FLAGS:-}"
 # A transformer with the ByteNet's parameter count (5.95M vs 6.00M): 3+3 layers, d 256, FFN 1152.
 MT_TRANSFORMER=(--arch transformer --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
   --decoder-embed-dim 256 --encoder-ffn-embed-dim 1152 --decoder-ffn-embed-dim 1152
@@ -91,14 +97,14 @@ train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread 
   for name in "$@"; do
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
-    OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" --save-dir "$WORK/$name/checkpoints" \
+    OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$name/checkpoints" \
       >> "$WORK/$name/train.log" 2>&1 &  # appended: a re-run resumes
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
 }
-bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char)
-transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}")
+bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char "${EXTRA_MT_TRAIN[@]}")
+transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}" "${EXTRA_MT_TRAIN[@]}")
 bytenet_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_lm_shakespeare)
 transformer_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_TRANSFORMER[@]}")
 nanogpt_lm_FLAGS=("${LM_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${LM_NANOGPT[@]}")
@@ -123,6 +129,10 @@ bytenet_lm_deep_512_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" --tokens-per-sample 512
 # or longer-context setting levelled off at 2.07-2.09 bits by overfitting the 1M training characters.
 bytenet_lm_wide_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-embed-dim 384 --decoder-hidden-dim 192
   --output-hidden-dim 192 --dropout 0.35)
+# Both at once (20 blocks at 1.5 times the width: 20M parameters) under heavier dropout, 0.4 or 0.5: the capacity
+# the wide model had early (ahead of the deep one by epoch 4) held longer. Sized for the GPU kit's bytenet stage.
+bytenet_lm_deep_wide_FLAGS=("${bytenet_lm_wide_FLAGS[@]}" --decoder-blocks 20 --dropout 0.4)
+bytenet_lm_deep_wide_d50_FLAGS=("${bytenet_lm_deep_wide_FLAGS[@]}" --dropout 0.5)
 # Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
 # decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
 # rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4; a re-run whose best lands
@@ -140,7 +150,8 @@ anneal_flags bytenet-lm-deep-reg 3.4e-4
 bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
 LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
-  bytenet-lm-deep-512 bytenet-lm-wide transformer-lm nanogpt-lm bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
+  bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50 transformer-lm nanogpt-lm
+  bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
 # What every stage after training decodes: the average of the last epochs once the average stage made it.
 final_checkpoint() {
   local dir=$WORK/$1/checkpoints
@@ -176,7 +187,7 @@ if stage train-lm; then
 fi
 if stage average; then
   for name in $MT_SYSTEMS $LM_SYSTEMS; do
-    [[ -d $WORK/$name/checkpoints ]] && average_last_epochs "$WORK/$name/checkpoints" "$AVERAGE" \
+    [[ -d $WORK/$name/checkpoints ]] && average_epochs_to_best "$WORK/$name/checkpoints" "$WORK/$name/train.log" "$AVERAGE" \
       "$WORK/$name/checkpoints/checkpoint_avg.pt"
   done
 fi

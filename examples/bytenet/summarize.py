@@ -2,7 +2,8 @@
 
 Usage: python examples/bytenet/summarize.py WORK RAW_DIR OUT.json
 Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpoint_avg.pt (else _best)} of the
-systems trained,
+systems trained (a language model scored on a device whose checkpoint did not come back: its train.log and
+eval-lm.log alone, the parameter count from the log),
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
 languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSON bytenet_length.json
 beside OUT.json.
@@ -34,6 +35,20 @@ def parameters(checkpoint: str) -> int:
     return sum(t.numel() for t in tensors.values())
 
 
+def logged_parameters(log_path: str):
+    """fairseq-train's own parameter count ("num. shared model params"), for a model whose checkpoint is elsewhere."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        match = re.search(r"num\. (?:shared )?model params: ([\d,]+)", f.read())
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def training_device(log_path: str):
+    """The GPU fairseq-train names in its log ("rank 0: ... name = NVIDIA H100 ..."), None for a CPU training."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        match = re.search(r"rank +0: .*name = (.+?) *$", f.read(), re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def training(log_path: str) -> dict:
     """Updates, validations, wall-clock time and the validation curve from a fairseq-train log (--log-format
     simple; a resumed run's log appended): per epoch its validation loss and the seconds of training so far at
@@ -49,6 +64,7 @@ def training(log_path: str) -> dict:
              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
              if int(epoch) in walls]
     return {
+        "device": training_device(log_path) or report.device_name(torch.device("cpu")),
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
         # (fairseq's "done training in" counts the last run only)
@@ -151,8 +167,8 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
 
 
 LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "bytenet-lm-deep-layerdrop",
-              "bytenet-lm-deep-512", "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm",
-              "nanogpt-lm")
+              "bytenet-lm-deep-512", "bytenet-lm-wide", "bytenet-lm-deep-wide", "bytenet-lm-deep-wide-d50",
+              "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm", "nanogpt-lm")
 
 
 def final_checkpoint(work: str, name: str):
@@ -180,12 +196,14 @@ def main(work: str, raw_dir: str, out: str) -> None:
             system[f"beam{beam}_lenpen0"] = figures
         result["translation"][name] = system
     for name in LM_SYSTEMS:
-        if final_checkpoint(work, name) is None:
+        checkpoint, log = final_checkpoint(work, name), f"{work}/{name}/train.log"
+        scored_elsewhere = checkpoint is None and os.path.isfile(log) and os.path.isfile(f"{work}/{name}/eval-lm.log")
+        if checkpoint is None and not scored_elsewhere:
             continue
         result["language_model"][name] = {
-            "evaluated": os.path.basename(final_checkpoint(work, name)),
-            "parameters": parameters(final_checkpoint(work, name)),
-            "training": training(f"{work}/{name}/train.log"),
+            "evaluated": os.path.basename(checkpoint) if checkpoint else "checkpoint_avg.pt (where it was trained; not kept)",
+            "parameters": parameters(checkpoint) if checkpoint else logged_parameters(log),
+            "training": training(log),
             "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
         }
     results_dir = os.path.dirname(out) or "."
@@ -197,7 +215,7 @@ def main(work: str, raw_dir: str, out: str) -> None:
         "bits_per_character": "fairseq-eval-lm loss (base 2) on Tiny Shakespeare valid: one token per character, "
                               "newlines included; --tokens-per-sample 256 --context-window 192",
         "commands": read_lines(os.path.join(work, "commands.txt")),
-        "device": report.device_name(torch.device("cpu")),
+        "device": report.device_name(torch.device("cpu")),  # where this summary ran; each training names its own
         "git_commit": report.git_commit(),
         "versions": report.versions(),
     })

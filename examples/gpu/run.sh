@@ -9,6 +9,9 @@
 #              greedy (work/blockwise/self_distill)
 #   train    : each method of METHODS trained by its own recipe on the GPU (its train stage, TRAIN_FLAGS added),
 #              warm-started from the baseline where the method allows; GPU_MINUTES (per method) sets the budget
+#   bytenet  : ByteNet (examples/bytenet/run.sh) in BYTENET_WORK: the character MT pair and the LM systems trained
+#              side by side for GPU_MINUTES each, their last epochs averaged, MT decoded (beam 12 and greedy) and
+#              the LMs scored (fairseq-eval-lm); needs the recipe's prepared mt-data and lm-data there (carried)
 #   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
 #   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
@@ -23,13 +26,16 @@
 #        train: TRAIN_FLAGS (--fp16 on cuda, none on cpu; TRAIN_FLAGS_<method> for one method), METHODS
 #        ("double_token rnn_fc lattice"), DOUBLE_TOKEN_SYSTEMS (all five), RNN_FC_SYSTEMS ("fc4-tanh fc0-tanh"),
 #        LATTICE_SYSTEMS (distill-1), GPU_MINUTES (4 per training, all at once), KIT_EPOCHS (100: a cap)
+#        bytenet: BYTENET_WORK (WORK/bytenet-gpu), BYTENET_MT_SYSTEMS ("bytenet-mt transformer-mt"),
+#        BYTENET_LM_SYSTEMS ("bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50"), GPU_MINUTES (as train),
+#        BYTENET_MT_FLAGS ("--max-tokens 16384 --warmup-updates 250": both MT systems), EVAL_SECONDS (150: a cap)
 #        bench: BENCH_METHODS ("baseline fast_step double_token lattice blockwise rnn_fc"), BATCHES ("1 64"),
 #        PRECISIONS ("fp32 fp16"), BENCH_LIMIT (200 test sentences), BENCH_RUNS (3), BENCH_FLAGS (added to every
 #        bench, after the method's own flags)
 #        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
-STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bench|pack|pack-rest|unpack [ARGS]}
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|pack|pack-rest|unpack [ARGS]}
 shift
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
@@ -167,6 +173,52 @@ EOF
     fi
     exit $failed ;;
 
+  bytenet)
+    BYTENET=${BYTENET_WORK:-$WORK/bytenet-gpu}
+    for data in mt-data lm-data; do
+      [[ -f $BYTENET/$data/prepare.json ]] || fail "$BYTENET/$data: no prepared data (run examples/bytenet/run.sh" \
+        "with STAGES=prepare here and carry $BYTENET/$data)"
+    done
+    mt_systems=${BYTENET_MT_SYSTEMS-bytenet-mt transformer-mt}
+    lm_systems=${BYTENET_LM_SYSTEMS-bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50}
+    minutes=${GPU_MINUTES:-4}
+    recipe() {  # LOG SECONDS ENV...: examples/bytenet/run.sh on the GPU with ENV, logged to BYTENET/gpu-LOG.log,
+                # stopped after SECONDS (0: never)
+      local log=$1 seconds=$2
+      shift 2
+      env DEVICE="$DEVICE" THREADS=2 EVAL_THREADS=2 MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
+        MT_SYSTEMS="$mt_systems" LM_SYSTEMS="$lm_systems" "$@" \
+        timeout "$seconds" examples/bytenet/run.sh - - "$BYTENET" > "$BYTENET/gpu-$log.log" 2>&1 \
+        || { echo "bytenet $log: FAILED (see $BYTENET/gpu-$log.log): $(tail -1 "$BYTENET/gpu-$log.log")"; return 1; }
+    }
+    failed=0 pids=()
+    # One recipe run for the MT pair and one for the LMs, at once: at batch sizes this small each training is
+    # bound by kernel launches, not by the GPU, so side by side they cost little more than one. The MT batches
+    # are 4 times the CPU recipe's 4,096 tokens (warm-up over as many sentences: 250 updates, not 1,000).
+    if [[ -n $mt_systems ]]; then
+      recipe train-mt 0 STAGES=train-mt MT_TRAIN_FLAGS="${BYTENET_MT_FLAGS---max-tokens 16384 --warmup-updates 250}" &
+      pids+=($!)
+    fi
+    if [[ -n $lm_systems ]]; then recipe train-lm 0 STAGES=train-lm & pids+=($!); fi
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    recipe average 0 STAGES=average || failed=1
+    # Decoding and scoring side by side, each stopped after EVAL_SECONDS: a slow beam cannot eat the command.
+    pids=()
+    for name in $mt_systems; do
+      (mt_systems=$name; recipe "evaluate-$name" "${EVAL_SECONDS:-150}" STAGES=evaluate-mt) & pids+=($!)
+    done
+    if [[ -n $lm_systems ]]; then recipe evaluate-lm "${EVAL_SECONDS:-150}" STAGES=evaluate-lm & pids+=($!); fi
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    for name in $mt_systems $lm_systems; do
+      log=$BYTENET/$name/train.log
+      [[ -f $log ]] || continue
+      echo "$name: $(grep -c "valid on" "$log") validations, valid loss $(grep -oP "valid on 'valid' subset \| loss \K[\d.]+" "$log" \
+        | tr '\n' ' ')$(grep -oP "num_updates \K\d+" "$log" | tail -1) updates"
+      [[ -f $BYTENET/$name/eval-lm.log ]] && grep -o "Loss (base 2): [0-9.]*" "$BYTENET/$name/eval-lm.log" | sed "s/^/  /" || true
+      for out in "$BYTENET/$name"/test.beam*.txt; do [[ -f $out ]] && echo "  $(basename "$out"): $(wc -l < "$out") lines"; done || true
+    done
+    exit $failed ;;
+
   bench)
     BASE=$WORK/baseline
     DATA=$BASE/data
@@ -248,5 +300,5 @@ EOF
     ls -l "$OUT"
     ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
 
-  *) fail "unknown stage (env baseline train bench pack pack-rest unpack)" ;;
+  *) fail "unknown stage (env baseline train bytenet bench pack pack-rest unpack)" ;;
 esac
