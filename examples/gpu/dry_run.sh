@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU kit's dry run on the CPU (what CI runs, so that the kit cannot rot while no device is lent): every
 # stage of examples/gpu/run.sh with DEVICE=cpu on a tiny synthetic corpus in Multi30k's layout (SRC -> TGT: en -> de
-# unless set), 3 epochs for the baseline and one for each method, a few sentences per bench, then pack and unpack,
+# unless set; bytenet's on character data from it), 3 epochs for the baseline and one for each method, a few sentences per bench, then pack and unpack,
 # checking that the parts put every packed file back. Figures from it mean nothing; it checks that the stages run
 # and fit together.
 #
@@ -30,6 +30,20 @@ for stage in env baseline train bench; do
   echo "== dry run: $stage ($(date +%T))"
   examples/gpu/run.sh "$stage"
 done
+echo "== dry run: bytenet ($(date +%T))"
+# The ByteNet recipe's character data from the same corpus (its English side the LM's text), then the MT pair and
+# the smallest LM for a few seconds each: a first validation, the fallback to the best checkpoint where no epoch
+# ended, both decodes and the LM's score.
+fairseq-plugins prepare --char "$WORK/raw" "$WORK/bytenet-gpu/mt-data" -s "$SRC" -t "$TGT" 2>> "$WORK/prepare.log"
+fairseq-plugins prepare-lm "$WORK/raw/train.$SRC" "$WORK/raw/val.$SRC" "$WORK/bytenet-gpu/lm-data" 2>> "$WORK/prepare.log"
+# The MT pair: 40 small updates after a short warm-up (an update cap, not a time cap: a loaded CI machine takes
+# long over its first ones) for outputs that hold words (detok needs them); the LM for 20 seconds.
+GPU_MINUTES=0.33 BYTENET_LM_SYSTEMS=bytenet-lm EVAL_SECONDS=300 \
+  BYTENET_MT_FLAGS="--max-tokens 1024 --warmup-updates 10 --max-update 40 --stop-time-hours 1" examples/gpu/run.sh bytenet
+for path in bytenet-mt/test.beam12.txt bytenet-mt/test.beam1.txt transformer-mt/test.beam1.txt bytenet-lm/eval-lm.log; do
+  [[ -s $WORK/bytenet-gpu/$path ]] || { echo "dry run: the bytenet stage wrote no $WORK/bytenet-gpu/$path" >&2; exit 1; }
+done
+
 for method in baseline fast_step double_token rnn_fc; do
   [[ -s $RESULTS/$method.json ]] || { echo "dry run: bench wrote no $RESULTS/$method.json" >&2; exit 1; }
 done
