@@ -49,7 +49,7 @@ help:
 	@echo "             this package (TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU torch; README, Installing;"
 	@echo "             FAIRSEQ_FROM_SOURCE=1: fairseq compiled from $(FAIRSEQ_SOURCE), where its wheel is missing)"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
-	@echo "make gpu-check STAGE=env|baseline|train|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
+	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 
 install: $(STAMP)
@@ -82,7 +82,7 @@ baseline: install
 
 # No install step: on a lent GPU machine the kit installs the carried wheels itself (docs/gpu.md).
 gpu-check:
-	@test -n "$(STAGE)" || { echo "make gpu-check STAGE=env|baseline|train|bench (one per device command)"; exit 2; }
+	@test -n "$(STAGE)" || { echo "make gpu-check STAGE=env|baseline|train|bytenet|bench (one per device command)"; exit 2; }
 	examples/gpu/run.sh $(STAGE)
 
 gpu-dry-run: install

@@ -18,6 +18,8 @@
 #   average_last_epochs DIR N OUT
 #                  fairseq-plugins average-checkpoints of DIR's last N epoch checkpoints (fewer when a training
 #                  stopped sooner, e.g. by patience) into OUT; the checkpoint records which it averaged
+#   average_epochs_to_best DIR LOG N OUT
+#                  the same for the N epochs ending at the lowest validation loss in LOG (fairseq-train's log)
 #   shared_distill BASE
 #                  the beam-5 distilled training set the recipes share (rnn_fc, lattice, blockwise): $DISTILL if
 #                  set, else distill/beam5 beside BASE

@@ -2,6 +2,7 @@
 and a tiny character model trained and decoded through fairseq's own entry points."""
 
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -542,3 +543,41 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     assert figures["wall_seconds"] == 2200 and figures["valid_loss_base2"] == [2.7, 2.4, 2.2, 2.1]
     log.write_text(epoch(1, 2.7, 600) + epoch(2, 2.4, 1200) + "| INFO | fairseq_cli.train | done training in 1201.0 seconds\n")
     assert summarize.training(str(log))["wall_seconds"] == 1201.0
+
+
+def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
+    """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
+    fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+
+    work, raw = tmp_path / "work", tmp_path / "raw"
+    (work / "mt-data").mkdir(parents=True)
+    (work / "mt-data" / "prepare.json").write_text('{"version": 1, "source_lang": "en", "target_lang": "de"}')
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.en").write_text("a b\n")
+        (raw / f"{split}.de").write_text("c d\n")
+    (work / "commands.txt").write_text("fairseq-train ...\n")
+    system = work / "bytenet-lm-deep-wide"
+    system.mkdir()
+    (system / "train.log").write_text(
+        "| INFO | fairseq_cli.train | num. shared model params: 20,840,712 (num. trained: 20,840,712)\n"
+        "| INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 79.179 GB ; name = NVIDIA H100 80GB HBM3   \n"
+        "| INFO | train | epoch 001 | loss 2.9 | ppl 7.4 | num_updates 124 | wall 16\n"
+        "| INFO | valid | epoch 001 | valid on 'valid' subset | loss 2.665 | ppl 6.3 | num_updates 124\n")
+    (system / "eval-lm.log").write_text("INFO:fairseq_cli.eval_lm:Loss (base 2): 2.1293, Perplexity: 4.37\n")
+    out = tmp_path / "results" / "bytenet.json"
+    out.parent.mkdir()
+    summarize.main(str(work), str(raw), str(out))
+    lm = json.loads(out.read_text())["language_model"]
+    assert list(lm) == ["bytenet-lm-deep-wide"]
+    assert lm["bytenet-lm-deep-wide"]["parameters"] == 20840712
+    assert lm["bytenet-lm-deep-wide"]["valid_bits_per_character"] == 2.1293
+    assert lm["bytenet-lm-deep-wide"]["training"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert lm["bytenet-lm-deep-wide"]["evaluated"].startswith("checkpoint_avg.pt (where it was trained")
+    assert summarize.training(str(system / "train.log"))["curve"] == [
+        {"epoch": 1, "valid_loss_base2": 2.665, "wall_seconds": 16}]

@@ -56,7 +56,7 @@ def test_no_cuda_device_stops_every_stage_with_exit_code_2():
             pytest.skip("a CUDA device is visible")
     except ImportError:
         pass
-    for stage in ("env", "baseline", "train", "bench"):
+    for stage in ("env", "baseline", "train", "bytenet", "bench"):
         proc = run_kit(stage, env=kit_env(DEVICE="cuda"))
         assert proc.returncode == 2, (stage, proc.stderr)
         assert "no CUDA device visible" in proc.stderr
@@ -80,6 +80,13 @@ def test_unknown_stage_and_unpack_without_parts_are_refused(tmp_path):
     assert proc.returncode == 2 and "no kit.tar.gz.part* files" in proc.stderr
     proc = run_kit("frobnicate", env=kit_env(DEVICE="cpu"))
     assert proc.returncode == 2 and "unknown stage" in proc.stderr
+
+
+def test_the_bytenet_stage_without_prepared_data_names_the_directory(tmp_path):
+    work = tmp_path / "bytenet-gpu"
+    proc = run_kit("bytenet", env=kit_env(DEVICE="cpu", BYTENET_WORK=str(work)))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{work}/mt-data: no prepared data" in proc.stderr and "STAGES=prepare" in proc.stderr
 
 
 def test_pack_splits_into_parts_and_unpack_restores_them(tmp_path):
