@@ -214,7 +214,8 @@ fi
 
 if stage bench; then
   # Decoding time against output length: every output is forced to exactly L characters (--min-len L,
-  # --max-len-a 0 --max-len-b L), greedy, one sentence at a time, one thread. "stock" is fairseq's
+  # --max-len-a 0 --max-len-b L), greedy, one sentence at a time, one thread; no BLEU beyond the timed sentences
+  # (forced lengths make it meaningless here, and evaluate-mt scores the whole test split). "stock" is fairseq's
   # SequenceGenerator with the layer cache; the method side recomputes the whole prefix at every step
   # (--bytenet-decoding recompute) up to RECOMPUTE_MAX characters, where it is quadratic and slow.
   LENGTH_JSON=$RESULTS/bytenet_length.json
@@ -223,7 +224,7 @@ if stage bench; then
     decoding=$([[ $length -le ${RECOMPUTE_MAX:-400} ]] && echo recompute || echo cached)
     record fairseq-plugins bench --method bytenet --path "$(final_checkpoint bytenet-mt)" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam 1 \
-      --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-3}" --warmup 1 --latency-limit 0 \
+      --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-3}" --warmup 1 --latency-limit 0 --no-whole-split-bleu \
       --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
       --label "length $length, $decoding vs cached" --provenance "$COMMANDS" --json "$LENGTH_JSON" --append
   done
@@ -232,6 +233,7 @@ if stage bench; then
     record fairseq-plugins bench --method baseline --path "$(final_checkpoint "$name")" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 \
       --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "$name beam $BEAM" \
+      --no-whole-split-bleu \
       --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json" --append
   done
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU kit's dry run on the CPU (what CI runs, so that the kit cannot rot while no device is lent): every
 # stage of examples/gpu/run.sh with DEVICE=cpu on a tiny synthetic corpus in Multi30k's layout (SRC -> TGT: en -> de
-# unless set; bytenet's on character data from it), 3 epochs for the baseline and one for each method, a few sentences per bench, then pack and unpack,
-# checking that the parts put every packed file back. Figures from it mean nothing; it checks that the stages run
+# unless set; bytenet's on character data from it), 3 epochs for the baseline and one for each method, a few
+# sentences per bench, then pack and unpack, checking that the parts put every packed file back. Figures from it mean nothing; it checks that the stages run
 # and fit together.
 #
 # Usage: examples/gpu/dry_run.sh [WORK]   (default work/gpu-dry; started over on every run)

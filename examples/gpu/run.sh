@@ -10,8 +10,9 @@
 #   train    : each method of METHODS trained by its own recipe on the GPU (its train stage, TRAIN_FLAGS added),
 #              warm-started from the baseline where the method allows; GPU_MINUTES (per method) sets the budget
 #   bytenet  : ByteNet (examples/bytenet/run.sh) in BYTENET_WORK: the character MT pair and the LM systems trained
-#              side by side for GPU_MINUTES each, their last epochs averaged, MT decoded (beam 12 and greedy) and
-#              the LMs scored (fairseq-eval-lm); needs the recipe's prepared mt-data and lm-data there (carried)
+#              side by side for GPU_MINUTES each (TRAIN_FLAGS added), averaged up to their best epochs, MT decoded
+#              (beam 12 and greedy) and the LMs scored (fairseq-eval-lm); needs the recipe's prepared mt-data and
+#              lm-data there (carried)
 #   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
 #   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
@@ -187,6 +188,7 @@ EOF
       local log=$1 seconds=$2
       shift 2
       env DEVICE="$DEVICE" THREADS=2 EVAL_THREADS=2 MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
+        TRAIN_FLAGS="${TRAIN_FLAGS_bytenet-$TRAIN_FLAGS}" \
         MT_SYSTEMS="$mt_systems" LM_SYSTEMS="$lm_systems" "$@" \
         timeout "$seconds" examples/bytenet/run.sh - - "$BYTENET" > "$BYTENET/gpu-$log.log" 2>&1 \
         || { echo "bytenet $log: FAILED (see $BYTENET/gpu-$log.log): $(tail -1 "$BYTENET/gpu-$log.log")"; return 1; }
