@@ -30,7 +30,7 @@ def test_the_dry_run_runs_every_stage_on_the_cpu(tmp_path):
     """examples/gpu/dry_run.sh: env, baseline, train, bench, pack and unpack on tiny data, as CI must keep them."""
     work = tmp_path / "dry"
     proc = subprocess.run(["bash", os.path.join(REPO, "examples", "gpu", "dry_run.sh"), str(work)],
-                          capture_output=True, text=True, env=kit_env(), cwd=REPO, timeout=1500)
+                          capture_output=True, text=True, env=kit_env(), cwd=REPO, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "dry run: every stage ran" in proc.stdout
     from fairseq_plugins.bench.report import load_results

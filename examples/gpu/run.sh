@@ -183,11 +183,14 @@ EOF
     mt_systems=${BYTENET_MT_SYSTEMS-bytenet-mt transformer-mt}
     lm_systems=${BYTENET_LM_SYSTEMS-bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50}
     minutes=${GPU_MINUTES:-4}
+    # Two CPU threads per job beside a GPU (16 cores there); one on the CPU (the dry run), where the jobs share
+    # two cores and more threads than cores slow every job many times over.
+    threads=$([[ $DEVICE == cuda ]] && echo 2 || echo 1)
     recipe() {  # LOG SECONDS ENV...: examples/bytenet/run.sh on the GPU with ENV, logged to BYTENET/gpu-LOG.log,
                 # stopped after SECONDS (0: never)
       local log=$1 seconds=$2
       shift 2
-      env DEVICE="$DEVICE" THREADS=2 EVAL_THREADS=2 MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
+      env DEVICE="$DEVICE" THREADS="$threads" EVAL_THREADS="$threads" MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
         TRAIN_FLAGS="${TRAIN_FLAGS_bytenet-$TRAIN_FLAGS}" \
         MT_SYSTEMS="$mt_systems" LM_SYSTEMS="$lm_systems" "$@" \
         timeout "$seconds" examples/bytenet/run.sh - - "$BYTENET" > "$BYTENET/gpu-$log.log" 2>&1 \
