@@ -34,8 +34,8 @@
 #        bytenet-lm-deep-reg-anneal": e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
-#        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings after them
-#        (the GPU kit's bytenet stage sets larger MT batches: examples/gpu/run.sh)
+#        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings before
+#        TRAIN_FLAGS (a flag in both: TRAIN_FLAGS' value wins; the GPU kit's bytenet stage sets larger MT batches)
 set -euo pipefail
 # shellcheck source=examples/tools.sh
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
