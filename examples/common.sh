@@ -97,19 +97,17 @@ average_last_epochs() {
 # the last N epochs are the overfitted ones. Needs --keep-last-epochs >= N + patience; without an epoch checkpoint
 # at the best it averages the last N (average_last_epochs).
 average_epochs_to_best() {  # DIR LOG N OUT
-  local best epoch inputs=()
+  local best epoch first inputs=()
   best=$(sed -nE "s/.*\| epoch 0*([0-9]+) \| valid on 'valid' subset \| loss ([0-9.]+) .*/\2 \1/p" "$2" \
     | sort -g -k1,1 -k2,2n | head -n 1 | cut -d' ' -f2)
-  if [[ -n $best ]]; then
-    for ((epoch = best - $3 + 1; epoch <= best; epoch++)); do
-      [[ -f $1/checkpoint$epoch.pt ]] && inputs+=("$1/checkpoint$epoch.pt")
-    done
-  fi
   if [[ -z $best || ! -f $1/checkpoint$best.pt ]]; then
     average_last_epochs "$1" "$3" "$4"
     return
   fi
-  echo "average: epochs $(basename "${inputs[0]}" .pt | tr -dc 0-9)-$best of $1 (best validation loss at epoch $best)" >&2
+  for ((epoch = best - $3 + 1; epoch <= best; epoch++)); do
+    [[ -f $1/checkpoint$epoch.pt ]] && inputs+=("$1/checkpoint$epoch.pt") && first=${first:-$epoch}
+  done
+  echo "average: epochs $first-$best of $1 (best validation loss at epoch $best)" >&2
   record fairseq-plugins average-checkpoints --inputs "${inputs[@]}" --output "$4"
 }
 

@@ -42,10 +42,9 @@ def logged_parameters(log_path: str):
     return int(match.group(1).replace(",", "")) if match else None
 
 
-def training_device(log_path: str):
+def training_device(log_text: str):
     """The GPU fairseq-train names in its log ("rank 0: ... name = NVIDIA H100 ..."), None for a CPU training."""
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        match = re.search(r"rank +0: .*name = (.+?) *$", f.read(), re.MULTILINE)
+    match = re.search(r"rank +0: .*name = (.+?) *$", log_text, re.MULTILINE)
     return match.group(1) if match else None
 
 
@@ -64,7 +63,7 @@ def training(log_path: str) -> dict:
              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
              if int(epoch) in walls]
     return {
-        "device": training_device(log_path) or report.device_name(torch.device("cpu")),
+        "device": training_device(text) or report.device_name(torch.device("cpu")),
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
         # (fairseq's "done training in" counts the last run only)
