@@ -101,6 +101,34 @@ def test_incremental_decoding_equals_the_full_forward_pass_under_beam_reordering
 
 
 @pytest.mark.parametrize("preset", ["bytenet_tiny", "bytenet_lm_tiny"])
+def test_a_prefix_of_several_frames_then_one_at_a_time_equals_the_full_forward_pass(preset):
+    """A first call with a forced prefix runs the blocks' convolutions over several frames; the steps after it
+    run the one-frame path on the frames that call kept."""
+    model = build(preset)
+    dictionary = model.decoder.dictionary
+    source, lengths, target = _random_batch(dictionary, batch=3, source_len=7, target_len=30)
+    with torch.no_grad():
+        encoder_out = model.encoder(source, lengths) if isinstance(model, bytenet_model.ByteNetModel) else None
+        state = {}
+        steps = [model.decoder(target[:, :12], encoder_out, incremental_state=state)[0]]
+        steps += [model.decoder(target[:, : t + 1], encoder_out, incremental_state=state)[0] for t in range(12, 30)]
+        full = _decode_full(model, source, lengths, target)
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-10, rtol=0)
+
+
+def test_a_decode_after_a_change_of_precision_reads_the_converted_parameters():
+    """The one-frame steps take the parameters as built at the start of each decode: after ``half()`` (or any
+    conversion that replaces them) the next decode must not read the old ones."""
+    model = build("bytenet_lm_tiny")
+    target = _random_batch(model.decoder.dictionary, batch=2, source_len=1, target_len=6)[2]
+    with torch.no_grad():
+        _decode_incremental(model, None, None, target)
+        model.float()
+        incremental, _ = _decode_incremental(model, None, None, target)
+        assert incremental.dtype == torch.float32
+        assert torch.allclose(incremental, _decode_full(model, None, None, target), atol=1e-5, rtol=0)
+
+@pytest.mark.parametrize("preset", ["bytenet_tiny", "bytenet_lm_tiny"])
 def test_changing_future_targets_never_changes_earlier_outputs(preset):
     model = build(preset)
     dictionary = model.decoder.dictionary

@@ -45,25 +45,21 @@ class DilatedConv1d(nn.Module):
         if past is None:
             past = x.new_zeros(x.size(0), self.history, x.size(2))
         frames = torch.cat([past, x], dim=1)
-        keep = frames[:, frames.size(1) - self.history:]
-        if x.size(1) == 1:
-            # One new frame: its k taps times the kernel as one matrix product (a dilated conv1d call on
-            # a single output costs far more on CPU).
-            taps = frames[:, :: self.dilation].reshape(x.size(0), 1, -1)
-            return F.linear(taps, self._flat_weight(), self.conv.bias), keep
         # Valid (unpadded) convolution over history + n frames gives exactly the n new outputs.
-        return self.conv(frames.transpose(1, 2)).transpose(1, 2), keep
+        return self.conv(frames.transpose(1, 2)).transpose(1, 2), frames[:, frames.size(1) - self.history:]
 
-    def _flat_weight(self) -> Tensor:
-        """The kernel as (out, k * in), tap-major like the gathered taps; cached until the weight changes."""
-        weight = self.conv.weight
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return weight.permute(0, 2, 1).reshape(weight.size(0), -1)  # differentiable, never cached
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
-        if getattr(self, "_flat_key", None) != key:
-            self._flat = weight.detach().permute(0, 2, 1).reshape(weight.size(0), -1)
-            self._flat_key = key
-        return self._flat
+
+def _conv_frame(x: Tensor, past: Optional[Tensor], dilation: int, history: int, weight_t: Tensor,
+                bias: Tensor) -> Tuple[Tensor, Tensor]:
+    """A masked convolution on one new frame a row, x (batch, C), after ``past`` (batch, history, C; None before
+    the first step): its k taps times the kernel as one matrix product (a conv1d call for a single output costs
+    far more on CPU), and the frames to keep. ``weight_t`` is the kernel viewed as (in * k, out), so the taps
+    are gathered channel-major, tap-minor, as the kernel lies in memory."""
+    if past is None:
+        past = x.new_zeros(x.size(0), history, x.size(1))
+    frames = torch.cat([past, x.unsqueeze(1)], dim=1)
+    taps = frames[:, ::dilation].transpose(1, 2).reshape(x.size(0), -1)
+    return torch.addmm(bias, taps, weight_t), frames[:, 1:]
 
 
 def _norm(module: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -73,6 +69,26 @@ def _norm(module: nn.LayerNorm, x: Tensor) -> Tensor:
 
 def _linear(module: nn.Linear, x: Tensor) -> Tensor:
     return F.linear(x, module.weight, module.bias)
+
+
+# The frame steps (one new frame a row, the decoding step) take their parameters as built once per decode
+# by these, so that a step makes the arithmetic's calls and little else: no module calls, no attribute
+# lookups, no transposes. Views, not copies: they follow the parameters' in-place updates.
+def _norm_arguments(module: nn.LayerNorm) -> tuple:
+    """``torch.layer_norm(x, *arguments)`` == ``module(x)``."""
+    return module.normalized_shape, module.weight, module.bias, module.eps
+
+
+def _linear_arguments(module: nn.Linear) -> tuple:
+    """``torch.addmm(*arguments[:1], x, *arguments[1:])``, i.e. ``addmm(bias, x, weight_t)`` == ``module(x)``
+    on rows x (batch, in)."""
+    return module.bias, module.weight.t()
+
+
+def _conv_arguments(conv: DilatedConv1d) -> tuple:
+    """``_conv_frame(x, past, *arguments)``."""
+    weight = conv.conv.weight
+    return conv.dilation, conv.history, weight.view(weight.size(0), -1).t(), conv.conv.bias
 
 
 def _step_dropout(dropout: FairseqDropout, x: Tensor) -> Tensor:
@@ -107,6 +123,19 @@ class ReLUBlock(nn.Module):
         h = _linear(self.expand, F.relu(_norm(self.norm_out, h)))
         return x + _step_dropout(self.dropout, h), [kept]
 
+    def frame_arguments(self) -> tuple:
+        return (_norm_arguments(self.norm_in), _linear_arguments(self.reduce), _norm_arguments(self.norm_mid),
+                _conv_arguments(self.conv), _norm_arguments(self.norm_out), _linear_arguments(self.expand))
+
+    def frame_step(self, x: Tensor, pasts: List[Optional[Tensor]], arguments: tuple) -> Tuple[Tensor, List[Tensor]]:
+        """``step`` on one new frame a row, x (batch, C), with ``frame_arguments()``: the same arithmetic in
+        a dozen calls."""
+        norm_in, reduce, norm_mid, conv, norm_out, expand = arguments
+        h = torch.addmm(reduce[0], torch.layer_norm(x, *norm_in).relu_(), reduce[1])
+        h, kept = _conv_frame(torch.layer_norm(h, *norm_mid).relu_(), pasts[0], *conv)
+        h = torch.addmm(expand[0], torch.layer_norm(h, *norm_out).relu_(), expand[1])
+        return _step_dropout(self.dropout, h).add_(x), [kept]
+
 
 class MultiplicativeUnit(nn.Module):
     """MU(h) = g1 * tanh(g2 * h + g3 * u), gates g = sigmoid(conv h), u = tanh(conv h): four dilated 1xk convs."""
@@ -126,6 +155,15 @@ class MultiplicativeUnit(nn.Module):
     def _gate(h: Tensor, out: Tensor) -> Tensor:
         g1, g2, g3, u = out.chunk(4, dim=-1)
         return torch.sigmoid(g1) * torch.tanh(torch.sigmoid(g2) * h + torch.sigmoid(g3) * torch.tanh(u))
+
+    @staticmethod
+    def frame_step(h: Tensor, past: Optional[Tensor], conv: tuple) -> Tuple[Tensor, Tensor]:
+        """``step`` on one new frame a row, h (batch, C), with the convolution's ``_conv_arguments``; the three
+        gates' sigmoids in one call."""
+        out, kept = _conv_frame(h, past, *conv)
+        gates, u = out.split([3 * h.size(1), h.size(1)], dim=1)
+        g1, g2, g3 = torch.sigmoid(gates).chunk(3, dim=1)
+        return g1 * torch.tanh(torch.addcmul(g2 * h, g3, torch.tanh(u))), kept
 
 
 class MultiplicativeBlock(nn.Module):
@@ -157,6 +195,21 @@ class MultiplicativeBlock(nn.Module):
         h, kept2 = self.mu2.step(_norm(self.norm_mu2, h), pasts[1])
         h = _linear(self.expand, _norm(self.norm_out, h))
         return x + _step_dropout(self.dropout, h), [kept1, kept2]
+
+    def frame_arguments(self) -> tuple:
+        return (_norm_arguments(self.norm_in), _linear_arguments(self.reduce),
+                _norm_arguments(self.norm_mu1), _conv_arguments(self.mu1.conv),
+                _norm_arguments(self.norm_mu2), _conv_arguments(self.mu2.conv),
+                _norm_arguments(self.norm_out), _linear_arguments(self.expand))
+
+    def frame_step(self, x: Tensor, pasts: List[Optional[Tensor]], arguments: tuple) -> Tuple[Tensor, List[Tensor]]:
+        """``step`` on one new frame a row, x (batch, C), with ``frame_arguments()`` (see ReLUBlock.frame_step)."""
+        norm_in, reduce, norm_mu1, mu1, norm_mu2, mu2, norm_out, expand = arguments
+        h = torch.addmm(reduce[0], torch.layer_norm(x, *norm_in), reduce[1])
+        h, kept1 = MultiplicativeUnit.frame_step(torch.layer_norm(h, *norm_mu1), pasts[0], mu1)
+        h, kept2 = MultiplicativeUnit.frame_step(torch.layer_norm(h, *norm_mu2), pasts[1], mu2)
+        h = torch.addmm(expand[0], torch.layer_norm(h, *norm_out), expand[1])
+        return _step_dropout(self.dropout, h).add_(x), [kept1, kept2]
 
 
 BLOCK_TYPES = {"relu": ReLUBlock, "multiplicative": MultiplicativeBlock}
@@ -204,6 +257,9 @@ class DilatedStack(nn.Module):
             block_class(channels, hidden, kernel_size, dilation, masked, dropout) for dilation in self.block_dilations
         )
         self.final_norm = nn.LayerNorm(channels)
+        # incremental_state keys of each block's convolutions' kept frames
+        self.state_names = [[str(i * self.convolutions_per_block + j) for j in range(self.convolutions_per_block)]
+                            for i in range(blocks)]
 
     def receptive_field(self) -> int:
         """Input frames one output frame depends on, itself included (all past ones when masked, centred if not)."""
@@ -221,14 +277,21 @@ class DilatedStack(nn.Module):
                     x = block(x, keep)
             return self.final_norm(x)
         saved = self.get_incremental_state(incremental_state, "frames")
-        per_block = self.convolutions_per_block
+        if saved is None or not hasattr(self, "_frame_arguments"):
+            # A new decode: the blocks' parameters as their frame steps take them (views, built once a decode
+            # so that a changed model, e.g. converted to half precision, is always read afresh).
+            self._frame_arguments = [block.frame_arguments() for block in self.blocks]
         kept: Dict[str, Optional[Tensor]] = {}
-        for i, block in enumerate(self.blocks):
-            names = [str(i * per_block + j) for j in range(per_block)]
-            x, frames = block.step(x, [saved[name] if saved is not None else None for name in names])
+        one_frame = x.size(1) == 1  # the decoding step: rows (batch, C), a dozen calls a block
+        if one_frame:
+            x = x.squeeze(1)
+        for names, block, arguments in zip(self.state_names, self.blocks, self._frame_arguments):
+            pasts = [saved[name] for name in names] if saved is not None else [None] * len(names)
+            x, frames = block.frame_step(x, pasts, arguments) if one_frame else block.step(x, pasts)
             kept.update(zip(names, frames))
         self.set_incremental_state(incremental_state, "frames", kept)
-        return _norm(self.final_norm, x)
+        x = torch.layer_norm(x, *_norm_arguments(self.final_norm))
+        return x.unsqueeze(1) if one_frame else x
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
         saved = self.get_incremental_state(incremental_state, "frames")
