@@ -18,8 +18,8 @@
 #   average_last_epochs DIR N OUT
 #                  fairseq-plugins average-checkpoints of DIR's last N epoch checkpoints (fewer when a training
 #                  stopped sooner, e.g. by patience) into OUT; the checkpoint records which it averaged
-#   average_epochs_to_best DIR LOG N OUT
-#                  the same for the N epochs ending at the lowest validation loss in LOG (fairseq-train's log)
+#   average_epochs_around_best DIR LOG N OUT
+#                  the same for the N epochs centred on the lowest validation loss in LOG (fairseq-train's log)
 #   shared_distill BASE
 #                  the beam-5 distilled training set the recipes share (rnn_fc, lattice, blockwise): $DISTILL if
 #                  set, else distill/beam5 beside BASE
@@ -92,22 +92,25 @@ average_last_epochs() {
     --output "$3"
 }
 
-# The N epoch checkpoints of DIR that end at the epoch of the lowest validation loss in LOG (fairseq-train's log,
-# --log-format simple), averaged into OUT. A training that patience stopped ends N epochs past its best: there
-# the last N epochs are the overfitted ones. Needs --keep-last-epochs >= N + patience; without an epoch checkpoint
-# at the best it averages the last N (average_last_epochs).
-average_epochs_to_best() {  # DIR LOG N OUT
-  local best epoch first inputs=()
+# The N epoch checkpoints of DIR centred on the epoch of the lowest validation loss in LOG (fairseq-train's log,
+# --log-format simple): from best - (N-1)/2 to best + N/2, those that exist, averaged into OUT. Either side of the
+# best the weights are nearly as good and differently noisy, so their mean generalises better than the best
+# alone (measured on the ByteNet LMs, docs/bytenet.md); the N epochs before it reach back to undertrained ones, the
+# N after it (the last N of a training that patience stopped) are the overfitted ones. Needs --keep-last-epochs
+# >= (N-1)/2 + patience + 1; without an epoch checkpoint at the best it averages the last N (average_last_epochs).
+average_epochs_around_best() {  # DIR LOG N OUT
+  local best epoch first last inputs=()
   best=$(sed -nE "s/.*\| epoch 0*([0-9]+) \| valid on 'valid' subset \| loss ([0-9.]+) .*/\2 \1/p" "$2" \
     | sort -g -k1,1 -k2,2n | head -n 1 | cut -d' ' -f2)
   if [[ -z $best || ! -f $1/checkpoint$best.pt ]]; then
     average_last_epochs "$1" "$3" "$4"
     return
   fi
-  for ((epoch = best - $3 + 1; epoch <= best; epoch++)); do
-    [[ -f $1/checkpoint$epoch.pt ]] && inputs+=("$1/checkpoint$epoch.pt") && first=${first:-$epoch}
+  for ((epoch = best - ($3 - 1) / 2; epoch <= best + $3 / 2; epoch++)); do
+    [[ -f $1/checkpoint$epoch.pt ]] && inputs+=("$1/checkpoint$epoch.pt") && first=${first:-$epoch} && last=$epoch
   done
-  echo "average: epochs $first-$best of $1 (best validation loss at epoch $best)" >&2
+  (( ${#inputs[@]} == $3 )) || echo "average: only ${#inputs[@]} of the $3 epochs around the best are there" >&2
+  echo "average: epochs $first-$last of $1 (best validation loss at epoch $best)" >&2
   record fairseq-plugins average-checkpoints --inputs "${inputs[@]}" --output "$4"
 }
 

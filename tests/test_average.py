@@ -102,40 +102,54 @@ def test_tied_embeddings_are_saved_once_and_float16_halves_the_file(trained, tmp
     assert next(models[0].parameters()).dtype == torch.float32  # fairseq casts into its float32 model
 
 
-def _average_to_best(directory, log, count, out):
-    """examples/common.sh's average_epochs_to_best, as a recipe calls it."""
+def _average_around_best(directory, log, count, out):
+    """examples/common.sh's average_epochs_around_best, as a recipe calls it."""
     script = (f'source examples/tools.sh; COMMANDS={directory}/commands.txt; source examples/common.sh; '
-              f'average_epochs_to_best {directory} {log} {count} {out}')
+              f'average_epochs_around_best {directory} {log} {count} {out}')
     return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_the_recipes_average_ends_at_the_best_validation_loss(trained, tmp_path):
-    """Patience stops a training epochs past its best: the average takes the N epochs up to the best (a resumed
-    log's repeated validation counted once), falls back to the last N where the best epoch's checkpoint is gone,
-    and writes nothing where no epoch ended."""
+def _validation_log(path, losses):
+    path.write_text("".join(f"| INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss {loss} | ppl 4.1 | "
+                            f"num_updates {10 * epoch}\n" for epoch, loss in losses))
+    return path
+
+
+def _averaged(out):
+    return torch.load(out, map_location="cpu", weights_only=False)["extra_state"]["averaged_checkpoints"]
+
+
+def test_the_recipes_average_is_centred_on_the_best_validation_loss(trained, tmp_path):
+    """Patience stops a training epochs past its best: the average takes the N epochs centred on the best (a
+    resumed log's repeated validation counted once), the ones there when the training has not gone N/2 past it
+    yet, the last N where the best epoch's checkpoint is gone, and writes nothing where no epoch ended."""
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     for epoch in range(1, 6):
         _shifted_copy(trained["checkpoint"], str(directory / f"checkpoint{epoch}.pt"), 0.1 * epoch)
-    log = tmp_path / "train.log"
-    log.write_text("".join(f"| INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss {loss} | ppl 4.1 | "
-                           f"num_updates {10 * epoch}\n"
-                           for epoch, loss in ((1, 2.5), (2, 2.31), (3, 2.204), (3, 2.204), (4, 2.21), (5, 2.3))))
+    log = _validation_log(tmp_path / "train.log", ((1, 2.5), (2, 2.31), (3, 2.204), (3, 2.204), (4, 2.21), (5, 2.3)))
     out = tmp_path / "avg.pt"
-    proc = _average_to_best(directory, log, 2, out)
+    proc = _average_around_best(directory, log, 3, out)
     assert proc.returncode == 0, proc.stderr
-    assert "epochs 2-3" in proc.stderr and "best validation loss at epoch 3" in proc.stderr
-    averaged = torch.load(out, map_location="cpu", weights_only=False)
-    assert averaged["extra_state"]["averaged_checkpoints"] == ["checkpoint2.pt", "checkpoint3.pt"]
+    assert "epochs 2-4" in proc.stderr and "best validation loss at epoch 3" in proc.stderr
+    assert "only" not in proc.stderr
+    assert _averaged(out) == ["checkpoint2.pt", "checkpoint3.pt", "checkpoint4.pt"]
+    # an even N reaches one epoch further after the best than before it
+    proc = _average_around_best(directory, log, 4, out)
+    assert proc.returncode == 0 and "epochs 2-5" in proc.stderr, proc.stderr
+    # the best is the last epoch so far: the epochs there, said so
+    rising = _validation_log(tmp_path / "rising.log", ((1, 2.5), (2, 2.31), (3, 2.25), (4, 2.21), (5, 2.2)))
+    proc = _average_around_best(directory, rising, 3, out)
+    assert proc.returncode == 0 and "only 2 of the 3 epochs" in proc.stderr, proc.stderr
+    assert _averaged(out) == ["checkpoint4.pt", "checkpoint5.pt"]
     # the best epoch's checkpoint no longer kept: the last N, as before
     os.remove(directory / "checkpoint3.pt")
-    proc = _average_to_best(directory, log, 2, out)
+    proc = _average_around_best(directory, log, 2, out)
     assert proc.returncode == 0, proc.stderr
-    assert torch.load(out, map_location="cpu", weights_only=False)["extra_state"]["averaged_checkpoints"] == [
-        "checkpoint4.pt", "checkpoint5.pt"]
+    assert _averaged(out) == ["checkpoint4.pt", "checkpoint5.pt"]
     # no epoch checkpoint at all (stopped by its time cap inside epoch 1): nothing written, said so
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = _average_to_best(empty, log, 2, tmp_path / "none.pt")
+    proc = _average_around_best(empty, log, 2, tmp_path / "none.pt")
     assert proc.returncode == 0 and "holds no epoch checkpoint yet" in proc.stderr
     assert not (tmp_path / "none.pt").exists()

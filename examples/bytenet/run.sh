@@ -8,9 +8,9 @@
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
 #              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each; then the "-anneal"
 #              cool-downs of the deep ByteNets from their best checkpoints (ANNEAL_UPDATES, 372)
-#   average  : each trained system's AVERAGE (5) epoch checkpoints up to its best validation loss averaged into
-#              checkpoint_avg.pt, which every later stage uses (patience stops a training PATIENCE epochs past
-#              its best: the checkpoints kept are the last AVERAGE + PATIENCE)
+#   average  : each trained system's AVERAGE (5) epoch checkpoints centred on its best validation loss averaged
+#              into checkpoint_avg.pt, which every later stage uses (patience stops a training PATIENCE epochs
+#              past its best: the checkpoints kept are the last AVERAGE + PATIENCE)
 #   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
 #              normalisation (--lenpen 0, the paper's setting) for both systems
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
@@ -187,7 +187,7 @@ if stage train-lm; then
 fi
 if stage average; then
   for name in $MT_SYSTEMS $LM_SYSTEMS; do
-    [[ -d $WORK/$name/checkpoints ]] && average_epochs_to_best "$WORK/$name/checkpoints" "$WORK/$name/train.log" "$AVERAGE" \
+    [[ -d $WORK/$name/checkpoints ]] && average_epochs_around_best "$WORK/$name/checkpoints" "$WORK/$name/train.log" "$AVERAGE" \
       "$WORK/$name/checkpoints/checkpoint_avg.pt"
   done
 fi
