@@ -31,7 +31,7 @@
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
 #        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
 #        transformer-lm nanogpt-lm bytenet-lm-deep-anneal
-#        bytenet-lm-deep-reg-anneal": e.g. one
+#        bytenet-lm-deep-reg-anneal"; empty: none of that kind): e.g. one
 #        where only one core is free; a later run with the other gives it the same budget),
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
 #        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings before
@@ -148,8 +148,8 @@ anneal_flags bytenet-lm-deep 3.4e-4
 bytenet_lm_deep_anneal_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 anneal_flags bytenet-lm-deep-reg 3.4e-4
 bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
-MT_SYSTEMS=${MT_SYSTEMS:-bytenet-mt transformer-mt}
-LM_SYSTEMS=${LM_SYSTEMS:-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
+MT_SYSTEMS=${MT_SYSTEMS-bytenet-mt transformer-mt}
+LM_SYSTEMS=${LM_SYSTEMS-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
   bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50 transformer-lm nanogpt-lm
   bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
 # What every stage after training decodes: the average of the last epochs once the average stage made it.
