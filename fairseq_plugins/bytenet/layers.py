@@ -153,17 +153,16 @@ class MultiplicativeUnit(nn.Module):
 
     @staticmethod
     def _gate(h: Tensor, out: Tensor) -> Tensor:
-        g1, g2, g3, u = out.chunk(4, dim=-1)
-        return torch.sigmoid(g1) * torch.tanh(torch.sigmoid(g2) * h + torch.sigmoid(g3) * torch.tanh(u))
+        """The three gates' sigmoids in one call (elementwise: the same numbers as three)."""
+        gates, u = out.split([3 * h.size(-1), h.size(-1)], dim=-1)
+        g1, g2, g3 = torch.sigmoid(gates).chunk(3, dim=-1)
+        return g1 * torch.tanh(g2 * h + g3 * torch.tanh(u))
 
     @staticmethod
     def frame_step(h: Tensor, past: Optional[Tensor], conv: tuple) -> Tuple[Tensor, Tensor]:
-        """``step`` on one new frame a row, h (batch, C), with the convolution's ``_conv_arguments``; the three
-        gates' sigmoids in one call."""
+        """``step`` on one new frame a row, h (batch, C), with the convolution's ``_conv_arguments``."""
         out, kept = _conv_frame(h, past, *conv)
-        gates, u = out.split([3 * h.size(1), h.size(1)], dim=1)
-        g1, g2, g3 = torch.sigmoid(gates).chunk(3, dim=1)
-        return g1 * torch.tanh(torch.addcmul(g2 * h, g3, torch.tanh(u))), kept
+        return MultiplicativeUnit._gate(h, out), kept
 
 
 class MultiplicativeBlock(nn.Module):
