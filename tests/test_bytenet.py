@@ -571,6 +571,19 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     assert figures["wall_seconds"] == 2200 and figures["valid_loss_base2"] == [2.7, 2.4, 2.2, 2.1]
     log.write_text(epoch(1, 2.7, 600) + epoch(2, 2.4, 1200) + "| INFO | fairseq_cli.train | done training in 1201.0 seconds\n")
     assert summarize.training(str(log))["wall_seconds"] == 1201.0
+    # Every process's clock starts at 0; one that resumes at epoch 3 counts on from epoch 2's end, also where its
+    # own epoch outlasts all the time before (so no fall in ``wall`` shows the resume), and the part of epoch 3
+    # that a stopped process did not finish is not counted.
+    scratch = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
+
+    def resumed(n):
+        return f"| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch {n} @ {10 * (n - 1)} updates)\n"
+
+    log.write_text(scratch + epoch(1, 2.7, 600) + resumed(2) + epoch(2, 2.4, 700)
+                   + "| INFO | train_inner | epoch 003:     50 / 614 loss=2.3, wall=800\n" + resumed(3) + epoch(3, 2.2, 650))
+    figures = summarize.training(str(log))
+    assert [point["wall_seconds"] for point in figures["curve"]] == [600, 1300, 1950]
+    assert figures["wall_seconds"] == 1950
 
 
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
@@ -609,3 +622,4 @@ def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     assert lm["bytenet-lm-deep-wide"]["evaluated"].startswith("checkpoint_avg.pt (where it was trained")
     assert summarize.training(str(system / "train.log"))["curve"] == [
         {"epoch": 1, "valid_loss_base2": 2.665, "wall_seconds": 16}]
+    assert (out.parent / "bytenet_curves.png").read_bytes().startswith(b"\x89PNG")

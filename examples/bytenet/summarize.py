@@ -6,7 +6,8 @@ systems trained (a language model scored on a device whose checkpoint did not co
 eval-lm.log alone, the parameter count from the log),
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
 languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSON bytenet_length.json
-beside OUT.json.
+beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length) and bytenet_curves.png
+(validation loss against training time, translation and language models).
 """
 
 import glob
@@ -24,7 +25,7 @@ from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))
-from training_curves import cumulative_walls  # noqa: E402  (a script beside this one, stdlib only)
+from training_curves import cumulative_walls, wall_event  # noqa: E402  (a script beside this one, stdlib only)
 
 
 def parameters(checkpoint: str) -> int:
@@ -51,14 +52,13 @@ def training_device(log_text: str):
 def training(log_path: str) -> dict:
     """Updates, validations, wall-clock time and the validation curve from a fairseq-train log (--log-format
     simple; a resumed run's log appended): per epoch its validation loss and the seconds of training so far at
-    its end. fairseq's ``wall`` may start again from 0 on a resume (seen here after a run was stopped at an epoch's
-    end): where it falls, the time before is added back."""
+    its end. fairseq's ``wall`` starts again from 0 in every process: a resumed process counts on from the end of
+    the epoch before the one it resumed at (``cumulative_walls``)."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
     done = re.search(r"done training in ([\d.]+) seconds", text)
-    walls, restarted = cumulative_walls(
-        (int(epoch), int(wall)) for epoch, wall in re.findall(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)", text))
+    walls, restarted = cumulative_walls(event for line in text.splitlines() if (event := wall_event(line)))
     curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": walls[int(epoch)]}
              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
              if int(epoch) in walls]
@@ -156,6 +156,32 @@ def plot_length(summary: dict, path: str) -> None:
     save_png(fig, path, dpi=120)
 
 
+def plot_curves(result: dict, path: str) -> None:
+    """Validation loss (base 2) against training time, one panel for the translation systems and one for the
+    language models: each point an epoch's end, at fairseq's training seconds counted across resumes."""
+    panels = [(title, systems) for title, systems in (
+        ("character MT (Multi30k en-de valid)", result["translation"]),
+        ("character LM (Tiny Shakespeare valid)", result["language_model"])) if any(
+            system["training"]["curve"] for system in systems.values())]
+    if not panels:
+        return
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, (title, systems) in zip(axes[0], panels):
+        for name, system in systems.items():
+            curve = system["training"]["curve"]
+            if curve:
+                ax.plot([point["wall_seconds"] / 3600 for point in curve],
+                        [point["valid_loss_base2"] for point in curve], "o-", markersize=3,
+                        label=f"{name} ({system['training']['device']})")
+        ax.set_xlabel("training time (hours)")
+        ax.set_ylabel("validation loss (bits per character)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    save_png(fig, path, dpi=120)
+
+
 def test_split_references(work: str, raw_dir: str) -> (str, list):
     """The test split's file stem in ``raw_dir`` and its target side, found as `fairseq-plugins prepare` found
     them for WORK/mt-data (same languages, same split names: Multi30k's test_2016_flickr, else test)."""
@@ -209,6 +235,7 @@ def main(work: str, raw_dir: str, out: str) -> None:
     result["length_scaling"] = length_scaling(os.path.join(results_dir, "bytenet_length.json"))
     if result["length_scaling"]:
         plot_length(result["length_scaling"], os.path.join(results_dir, "bytenet_length.png"))
+    plot_curves(result, os.path.join(results_dir, "bytenet_curves.png"))
     result.update({
         "bleu": f"sacreBLEU on {test_name} (detokenised characters, default signature)",
         "bits_per_character": "fairseq-eval-lm loss (base 2) on Tiny Shakespeare valid: one token per character, "

@@ -19,32 +19,53 @@ FP16 = re.compile(r"'fp16': (True|False)")
 BF16 = re.compile(r"'bf16': (True|False)")
 
 
-def cumulative_walls(pairs):
-    """fairseq's training wall seconds at the end of each epoch, counted across resumes, from the (epoch, wall)
-    pairs of its "| train |" lines in log order -> ({epoch: seconds}, whether a resume restarted the clock).
-    ``wall`` may start again from 0 when a run resumes (seen after a run was stopped at an epoch's end): where it
-    falls, the time before is added back. (Also used by examples/bytenet/summarize.py; stdlib only, as this
-    script runs on a device without the package.)"""
-    walls, offset, previous = {}, 0, 0
-    for epoch, wall in pairs:
+# Where a fairseq-train process starts: its wall clock ("wall" in its "| train |" lines) starts at 0 there.
+PROCESS_START = re.compile(r"Loaded checkpoint .*\(epoch (\d+) @ \d+ updates\)|No existing checkpoint found")
+
+
+def wall_event(line: str):
+    """A log line's part in the training clock: ("start", E) where a fairseq-train process starts (resuming at
+    epoch E; 1 from scratch), ("epoch", N, W) at the end of epoch N, W seconds into its process; else None."""
+    if m := TRAIN_WALL.search(line):
+        return "epoch", int(m.group(1)), int(m.group(2))
+    if m := PROCESS_START.search(line):
+        return "start", int(m.group(1) or 1)
+    return None
+
+
+def cumulative_walls(events):
+    """fairseq's training wall seconds at the end of each epoch, counted across resumes, from a log's
+    ``wall_event``s in order -> ({epoch: seconds}, whether more than one process trained).
+    fairseq's ``wall`` starts again from 0 in every process (it resets its time meters when it loads a
+    checkpoint), so a process that resumes at epoch E counts on from the end of epoch E - 1; the part of an
+    epoch a stopped process did not finish is not counted (it was trained again). A log without the start
+    lines (older logs) still counts on where ``wall`` falls."""
+    walls, offset, previous, restarted = {}, 0, 0, False
+    for event in events:
+        if event[0] == "start":
+            resumed_at = event[1]
+            offset = max((seconds for epoch, seconds in walls.items() if epoch < resumed_at), default=0)
+            previous, restarted = 0, restarted or resumed_at > 1
+            continue
+        _, epoch, wall = event
         if wall < previous:
-            offset += previous
+            offset, restarted = offset + previous, True
         previous = wall
         walls[epoch] = offset + wall
-    return walls, offset > 0
+    return walls, restarted
 
 
 def read_log(path: str) -> dict:
     curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, "max epoch", False, False
-    wall_lines = []  # (epoch, fairseq's training wall seconds at its end) in log order
+    wall_events = []  # process starts and epoch ends, in log order
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if m := VALID.search(line):
                 epoch = int(m.group(1))
                 curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
                 curve.append({"epoch": epoch, "loss": float(m.group(2)), "nll_loss": float(m.group(3))})
-            elif m := TRAIN_WALL.search(line):
-                wall_lines.append((int(m.group(1)), int(m.group(2))))
+            elif event := wall_event(line):
+                wall_events.append(event)
             elif m := DEVICE.search(line):
                 device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
             elif m := DONE.search(line):
@@ -58,7 +79,7 @@ def read_log(path: str) -> dict:
                 bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
     if not curve:
         raise SystemExit(f"{path}: no validation line (not a fairseq-train log, or it ended before epoch 1)")
-    walls, restarted = cumulative_walls(wall_lines)
+    walls, restarted = cumulative_walls(wall_events)
     for point in curve:
         point["wall_seconds"] = walls.get(point["epoch"])
     if restarted:  # "done training in" counts the last run only
