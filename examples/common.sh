@@ -92,6 +92,16 @@ average_last_epochs() {
     --output "$3"
 }
 
+# Whether the fairseq-train log LOG ends in a stop by --patience of at least PATIENCE epochs (since its last start
+# from scratch): re-run, fairseq would resume and train at least one more epoch past the plateau.
+stopped_by_patience() {  # LOG PATIENCE
+  local stopped
+  stopped=$(awk '/No existing checkpoint found/ { n = 0 }
+    /early stop since valid performance hasn.t improved for last [0-9]+ runs/ { n = $(NF - 1) }
+    END { print n + 0 }' "$1" 2>/dev/null || echo 0)
+  (( stopped > 0 && stopped >= $2 ))
+}
+
 # The N epoch checkpoints of DIR centred on the epoch of the lowest validation loss in LOG (fairseq-train's log,
 # --log-format simple): from best - (N-1)/2 to best + N/2, those that exist, averaged into OUT. Either side of the
 # best the weights are nearly as good and differently noisy, so their mean generalises better than the best

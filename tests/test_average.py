@@ -153,3 +153,27 @@ def test_the_recipes_average_is_centred_on_the_best_validation_loss(trained, tmp
     proc = _average_around_best(empty, log, 2, tmp_path / "none.pt")
     assert proc.returncode == 0 and "holds no epoch checkpoint yet" in proc.stderr
     assert not (tmp_path / "none.pt").exists()
+
+
+def test_the_recipes_know_a_training_that_patience_stopped(tmp_path):
+    """examples/common.sh's stopped_by_patience: a log whose last start ended in a stop by --patience of at least
+    the recipe's PATIENCE (a re-run would train past the plateau), also where a re-run was cut short after it; not
+    one restarted from scratch since, nor one stopped with a smaller patience than asked for now, nor a missing
+    log."""
+    start = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
+    resume = "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch 9 @ 80 updates)\n"
+    stop = "| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last {} runs\n"
+
+    def stopped(text, patience=5):
+        log = tmp_path / "train.log"
+        if text is not None:
+            log.write_text(text)
+        script = f"source examples/tools.sh; source examples/common.sh; stopped_by_patience {log} {patience}"
+        return subprocess.run(["bash", "-c", script], cwd=REPO, timeout=60).returncode == 0
+
+    assert stopped(start + stop.format(5)) and stopped(start + stop.format(5) + resume + stop.format(5))
+    assert stopped(start + stop.format(5), patience=3)
+    assert not stopped(start + stop.format(3)) and not stopped(start) and not stopped(start + stop.format(5) + start)
+    assert stopped(start + stop.format(5) + resume)  # a re-run cut short: the plateau stands
+    (tmp_path / "train.log").unlink()
+    assert not stopped(None)

@@ -1,6 +1,7 @@
 """The fixes the package installs on import (fairseq_plugins/common/fairseq_fixes.py)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -8,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import USER_DIR, run
+from conftest import TRAIN_THREADS, USER_DIR, run, train_flags
 
 DROP_ENV = "FAIRSEQ_PLUGINS_DROP_LAST_PARTIAL_BATCH"
 
@@ -119,3 +120,25 @@ def test_fairseq_generate_decodes_every_sentence_of_a_13_sentence_test_set(train
         assert decoded(batch_size, "0") == list(range(13)), batch_size
     assert len(decoded(1, "1")) == 12  # the opt-out: fairseq's own batching drops the 13th
 
+
+
+def test_patience_counts_on_across_a_resume_and_a_rerun_of_a_stopped_training(prepared, tmp_path):
+    """At learning rate 0 every validation loss equals the first, so with --patience 3 a training stops after
+    epoch 4 however it is cut: two epochs, then a resume that stops after two more (fairseq alone would compare
+    against the resumed run's first validation and count from 0: it would stop after epoch 6), then a re-run of
+    the stopped training, which stops after one epoch."""
+    flags = [*train_flags(lr="0", warmup_updates="1"), "--patience", 3, "--save-dir", tmp_path]
+
+    def train(epochs):
+        proc = run("fairseq_cli.train", os.path.join(prepared, "bin"), *flags, "--max-epoch", epochs,
+                   env={"OMP_NUM_THREADS": TRAIN_THREADS})
+        log = proc.stdout + proc.stderr
+        return [int(epoch) for epoch in re.findall(r"epoch (\d+) \| valid on 'valid' subset", log)], log
+
+    first, _ = train(2)
+    resumed, log = train(10)
+    assert first == [1, 2] and resumed == [3, 4]
+    assert "early stopping resumes at 1 validation(s) without improvement" in log
+    assert "early stop since valid performance hasn't improved for last 3 runs" in log
+    rerun, log = train(10)
+    assert rerun == [5] and "early stopping resumes at 3 validation(s)" in log

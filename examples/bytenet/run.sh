@@ -31,8 +31,9 @@
 #        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
 #        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
 #        transformer-lm nanogpt-lm bytenet-lm-deep-anneal
-#        bytenet-lm-deep-reg-anneal"; empty: none of that kind): e.g. one
-#        where only one core is free; a later run with the other gives it the same budget),
+#        bytenet-lm-deep-reg-anneal"; empty: none of that kind; one system alone where only one core is free: a
+#        later run of the other gives it the same budget), TOGETHER (2): how many trainings run side by side
+#        (THREADS each; 0: all at once, as the GPU kit runs them); a training that patience stopped is not re-run,
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
 #        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings before
 #        TRAIN_FLAGS (a flag in both: TRAIN_FLAGS' value wins; the GPU kit's bytenet stage sets larger MT batches)
@@ -50,6 +51,7 @@ AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-12}
 DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-1}
+TOGETHER=${TOGETHER:-2}
 EVAL_THREADS=${EVAL_THREADS:-2}
 BENCH_LIMIT=${BENCH_LIMIT:-200}
 RESULTS=${RESULTS:-$WORK/results}
@@ -92,9 +94,14 @@ LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256
 LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --decoder-ffn-embed-dim 1536
   --decoder-attention-heads 6 --share-decoder-input-output-embed --dropout 0.2)
 
-train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread each), waited for together
+train_together() {  # NAME...: the "$WORK/<name>" runs started together (THREADS each), waited for together
   local pids=()
   for name in "$@"; do
+    if stopped_by_patience "$WORK/$name/train.log" "$PATIENCE"; then
+      echo "run.sh: $name stopped at its plateau ($PATIENCE epochs without a new best; $WORK/$name/train.log):" \
+        "not trained again (a larger PATIENCE trains it on)" >&2
+      continue
+    fi
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
     OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$name/checkpoints" \
@@ -102,6 +109,10 @@ train_pair() {  # NAME...: the "$WORK/<name>" runs started together (one thread 
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
+}
+train_systems() {  # NAME...: TOGETHER at a time (0: all at once), each group side by side
+  local size=$((TOGETHER > 0 ? TOGETHER : $#)) i
+  for ((i = 1; i <= $#; i += size)); do train_together "${@:i:size}"; done
 }
 bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char "${EXTRA_MT_TRAIN[@]}")
 transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}" "${EXTRA_MT_TRAIN[@]}")
@@ -158,7 +169,7 @@ final_checkpoint() {
   [[ -f $dir/checkpoint_avg.pt ]] && echo "$dir/checkpoint_avg.pt" || echo "$dir/checkpoint_best.pt"
 }
 # shellcheck disable=SC2086  # lists of names
-if stage train-mt; then train_pair $MT_SYSTEMS; fi
+if stage train-mt; then train_systems $MT_SYSTEMS; fi
 cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
   eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
   local i
@@ -182,8 +193,8 @@ if stage train-lm; then
       echo "run.sh: $name starts from $start, which does not exist: train $source_system first" \
         "(LM_SYSTEMS=$source_system)" >&2; exit 2; }
   done
-  if (( ${#from_scratch[@]} )); then train_pair "${from_scratch[@]}"; fi
-  if (( ${#cool_downs[@]} )); then train_pair "${cool_downs[@]}"; fi
+  if (( ${#from_scratch[@]} )); then train_systems "${from_scratch[@]}"; fi
+  if (( ${#cool_downs[@]} )); then train_systems "${cool_downs[@]}"; fi
 fi
 if stage average; then
   for name in $MT_SYSTEMS $LM_SYSTEMS; do

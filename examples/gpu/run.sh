@@ -190,7 +190,7 @@ EOF
                 # stopped after SECONDS (0: never)
       local log=$1 seconds=$2
       shift 2
-      env DEVICE="$DEVICE" THREADS="$threads" EVAL_THREADS="$threads" MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
+      env DEVICE="$DEVICE" THREADS="$threads" EVAL_THREADS="$threads" TOGETHER=0 MT_MINUTES="$minutes" LM_MINUTES="$minutes" \
         TRAIN_FLAGS="${TRAIN_FLAGS_bytenet-$TRAIN_FLAGS}" \
         MT_SYSTEMS="$mt_systems" LM_SYSTEMS="$lm_systems" "$@" \
         timeout "$seconds" examples/bytenet/run.sh - - "$BYTENET" > "$BYTENET/gpu-$log.log" 2>&1 \

@@ -144,3 +144,57 @@ def _switch_task(cfg, name: str) -> None:
     with open_dict(cfg):
         cfg.task = task_cfg
         cfg.task._name = name
+
+
+# The checkpoint's extra_state key that carries fairseq-train's early-stopping count across a resume.
+PATIENCE_STATE_KEY = "fairseq_plugins_patience"
+
+
+def keep_patience_across_resumes() -> None:
+    """fairseq-train's ``--patience`` counts the validations without improvement in attributes of its function
+    ``should_stop_early``, which no checkpoint saves: a resumed training compares against the first validation
+    after the resume instead of the best one, and counts from 0 again, so a run resumed every few epochs never
+    stops at its plateau, and re-running one that patience stopped trains at least ``--patience`` more epochs.
+    Save the count (and the best loss it compares against) in every checkpoint's extra_state and restore it
+    where fairseq restores ``save_checkpoint.best`` (not with --reset-optimizer or --reset-meters, as fairseq).
+    A checkpoint saved without it resumes with the checkpoint's best loss and a count of 0."""
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer.save_checkpoint, "keeps_patience", False):
+        return
+    original_save, original_load = Trainer.save_checkpoint, Trainer.load_checkpoint
+
+    @functools.wraps(original_save)
+    def save_checkpoint(self, filename, extra_state):
+        state = {name: getattr(function, name) for function in _early_stopping_functions()
+                 for name in ("best", "num_runs") if hasattr(function, name)}
+        if len(state) == 2:
+            extra_state = {**extra_state, PATIENCE_STATE_KEY: state}
+        return original_save(self, filename, extra_state)
+
+    @functools.wraps(original_load)
+    def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
+                        reset_meters=False):
+        extra_state = original_load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
+                                    reset_meters)
+        if extra_state is not None and not reset_optimizer and not reset_meters:
+            state = extra_state.get(PATIENCE_STATE_KEY)
+            if state is None and extra_state.get("best") is not None:
+                state = {"best": extra_state["best"], "num_runs": 0}
+            if state is not None:
+                for function in _early_stopping_functions():
+                    function.best, function.num_runs = state["best"], state["num_runs"]
+                logger.info("early stopping resumes at %d validation(s) without improvement on %s",
+                            state["num_runs"], state["best"])
+        return extra_state
+
+    save_checkpoint.keeps_patience = True
+    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+
+
+def _early_stopping_functions() -> list:
+    """fairseq-train's ``should_stop_early``: its module is fairseq_cli.train, or __main__ when run with -m."""
+    import sys
+
+    functions = [getattr(sys.modules.get(name), "should_stop_early", None) for name in ("fairseq_cli.train", "__main__")]
+    return list({id(function): function for function in functions if callable(function)}.values())
