@@ -584,6 +584,13 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     figures = summarize.training(str(log))
     assert [point["wall_seconds"] for point in figures["curve"]] == [600, 1300, 1950]
     assert figures["wall_seconds"] == 1950
+    # A stop by --stop-time-hours inside epoch 2 logs and validates the part done and saves a mid-epoch
+    # checkpoint; the resumed run finishes epoch 2 from there: both parts counted, epoch 2 in the curve once.
+    log.write_text(scratch + epoch(1, 2.7, 600) + epoch(2, 2.5, 900) + resumed(2).replace(" @ 10 ", " @ 15 ")
+                   + epoch(2, 2.4, 400) + epoch(3, 2.2, 1000))
+    figures = summarize.training(str(log))
+    assert [(point["epoch"], point["valid_loss_base2"], point["wall_seconds"]) for point in figures["curve"]] == [
+        (1, 2.7, 600), (2, 2.4, 1300), (3, 2.2, 1900)]
 
 
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):

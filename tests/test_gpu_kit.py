@@ -148,4 +148,20 @@ def test_summary_reads_curves_device_precision_and_stop_reason(tmp_path):
                     f"run={log}", "--json", str(out)], check=True)
     run = json.load(open(out))["runs"]["run"]
     assert [p["wall_seconds"] for p in run["curve"]] == [600, 1200, 1700, 2200] and run["train_seconds"] == 2200
+    # A language model's log (no nll_loss) cut by --max-update, and one killed inside its first run.
+    log.write_text("x | valid | epoch 001 | valid on 'valid' subset | loss 2.7 | ppl 6.5 | wps 900\n"
+                   "x | train | epoch 001 | loss 3.0 | ppl 8 | wall 30\n"
+                   "x | fairseq_cli.train | Stopping training due to num_updates: 100 >= max_update: 100\n"
+                   "x | fairseq_cli.train | done training in 30.2 seconds\n")
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "results", "training_curves.py"), "--logs",
+                    f"run={log}", "--json", str(out), "--markdown", str(tmp_path / "training.md")], check=True)
+    run = json.load(open(out))["runs"]["run"]
+    assert run["curve"] == [{"epoch": 1, "loss": 2.7, "nll_loss": None, "wall_seconds": 30}]
+    assert run["stopped_by"] == "update budget (--max-update)"
+    assert "| run | cpu | fp32 | 1 | 2.700 (-) @ 1 | 30.2 | update budget (--max-update) |" in (
+        tmp_path / "training.md").read_text()
+    log.write_text("x | valid | epoch 001 | valid on 'valid' subset | loss 2.7 | ppl 6.5\n")
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "results", "training_curves.py"), "--logs",
+                    f"run={log}", "--json", str(out)], check=True)
+    assert json.load(open(out))["runs"]["run"]["stopped_by"].startswith("not finished")
     assert "| run | 5.500 / 4.100 (20 s) | 4.900 / 3.600 | 4.950 / 3.650 |" in table  # every epoch

@@ -59,9 +59,11 @@ def training(log_path: str) -> dict:
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
     done = re.search(r"done training in ([\d.]+) seconds", text)
     walls, restarted = cumulative_walls(event for line in text.splitlines() if (event := wall_event(line)))
-    curve = [{"epoch": int(epoch), "valid_loss_base2": float(loss), "wall_seconds": walls[int(epoch)]}
-             for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)
-             if int(epoch) in walls]
+    # An epoch validated twice (cut by a time cap, then finished by the resumed run): its last validation.
+    losses = {int(epoch): float(loss)
+              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)}
+    curve = [{"epoch": epoch, "valid_loss_base2": loss, "wall_seconds": walls[epoch]}
+             for epoch, loss in sorted(losses.items()) if epoch in walls]
     return {
         "device": training_device(text) or report.device_name(torch.device("cpu")),
         "updates": int(valid[-1][1]) if valid else 0,

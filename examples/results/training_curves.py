@@ -11,7 +11,8 @@ import os
 import re
 import sys
 
-VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)")
+# (fairseq's cross_entropy criterion logs no nll_loss: a language model's log has none)
+VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)(?: \| nll_loss ([\d.]+))?")
 DEVICE = re.compile(r"rank +\d+: capabilities = +([\d.]+) +; total memory = ([\d.]+) GB ; name = (.+?)\s*$")
 TRAIN_WALL = re.compile(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
@@ -37,14 +38,16 @@ def cumulative_walls(events):
     """fairseq's training wall seconds at the end of each epoch, counted across resumes, from a log's
     ``wall_event``s in order -> ({epoch: seconds}, whether more than one process trained).
     fairseq's ``wall`` starts again from 0 in every process (it resets its time meters when it loads a
-    checkpoint), so a process that resumes at epoch E counts on from the end of epoch E - 1; the part of an
-    epoch a stopped process did not finish is not counted (it was trained again). A log without the start
-    lines (older logs) still counts on where ``wall`` falls."""
+    checkpoint), so a process that resumes at epoch E counts on from the last epoch end logged at or before E:
+    the end of epoch E - 1 after an end-of-epoch checkpoint (the part of an epoch that a killed process did not
+    finish is not counted: it is trained again), or the part of epoch E trained before a mid-epoch checkpoint
+    (a stop by --stop-time-hours or --max-update logs it, and the resumed run goes on from there). A log without
+    the start lines (older logs) still counts on where ``wall`` falls."""
     walls, offset, previous, restarted = {}, 0, 0, False
     for event in events:
         if event[0] == "start":
             resumed_at = event[1]
-            offset = max((seconds for epoch, seconds in walls.items() if epoch < resumed_at), default=0)
+            offset = max((seconds for epoch, seconds in walls.items() if epoch <= resumed_at), default=0)
             previous, restarted = 0, restarted or resumed_at > 1
             continue
         _, epoch, wall = event
@@ -56,14 +59,15 @@ def cumulative_walls(events):
 
 
 def read_log(path: str) -> dict:
-    curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, "max epoch", False, False
+    curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, None, False, False
     wall_events = []  # process starts and epoch ends, in log order
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if m := VALID.search(line):
                 epoch = int(m.group(1))
                 curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
-                curve.append({"epoch": epoch, "loss": float(m.group(2)), "nll_loss": float(m.group(3))})
+                curve.append({"epoch": epoch, "loss": float(m.group(2)),
+                              "nll_loss": float(m.group(3)) if m.group(3) else None})
             elif event := wall_event(line):
                 wall_events.append(event)
             elif m := DEVICE.search(line):
@@ -74,6 +78,8 @@ def read_log(path: str) -> dict:
                 stopped_by = "patience (plateau of validation loss)"
             elif "Stopping training due to cumulative_training_time" in line:
                 stopped_by = "time budget (--stop-time-hours)"
+            elif "Stopping training due to num_updates" in line:
+                stopped_by = "update budget (--max-update)"
             if "'common': {" in line:
                 fp16 = fp16 or (m := FP16.search(line)) is not None and m.group(1) == "True"
                 bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
@@ -82,6 +88,8 @@ def read_log(path: str) -> dict:
     walls, restarted = cumulative_walls(wall_events)
     for point in curve:
         point["wall_seconds"] = walls.get(point["epoch"])
+    if stopped_by is None:  # no stop line: fairseq ran out of epochs, or the log ends inside a run (killed)
+        stopped_by = "max epoch" if seconds is not None else "not finished (no end of training in the log)"
     if restarted:  # "done training in" counts the last run only
         seconds = max(walls.values())
     best = min(curve, key=lambda point: point["loss"])
@@ -91,12 +99,16 @@ def read_log(path: str) -> dict:
             "curve": curve}
 
 
+def _three(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def markdown(runs: dict) -> str:
     lines = ["| run | device | precision | epochs | best valid loss (nll) @ epoch | train s | stopped by |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in runs.items():
         lines.append(f"| {name} | {r['device']['name']} | {r['precision']} | {r['epochs']} | "
-                     f"{r['best_valid_loss']:.3f} ({r['best_valid_nll_loss']:.3f}) @ {r['best_epoch']} | "
+                     f"{r['best_valid_loss']:.3f} ({_three(r['best_valid_nll_loss'])}) @ {r['best_epoch']} | "
                      f"{r['train_seconds'] if r['train_seconds'] is not None else '-'} | {r['stopped_by']} |")
     return "\n".join(lines) + "\n"
 
@@ -107,7 +119,7 @@ def curve_markdown(runs: dict) -> str:
     lines = ["| run | " + " | ".join(f"epoch {e}" for e in range(1, epochs + 1)) + " |",
              "| --- |" + " --- |" * epochs]
     for name, r in runs.items():
-        cells = {point["epoch"]: f"{point['loss']:.3f} / {point['nll_loss']:.3f}"
+        cells = {point["epoch"]: f"{point['loss']:.3f} / {_three(point['nll_loss'])}"
                  + (f" ({point['wall_seconds']} s)" if point.get("wall_seconds") is not None else "")
                  for point in r["curve"]}
         lines.append(f"| {name} | " + " | ".join(cells.get(e, "") for e in range(1, epochs + 1)) + " |")
