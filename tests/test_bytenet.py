@@ -15,6 +15,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from conftest import REPO, TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, run
 from fairseq_plugins.bytenet import model as bytenet_model
 from fairseq_plugins.bytenet.layers import DilatedConv1d
+from fairseq_plugins.common.textio import InputError
 
 TRANSLATION_PRESETS = ["bytenet", "bytenet_multi30k_char", "bytenet_tiny"]
 LM_PRESETS = ["bytenet_lm", "bytenet_lm_shakespeare", "bytenet_lm_tiny"]
@@ -195,6 +196,47 @@ def test_unfolded_length_and_source_frames_beyond_it():
         assert frames[row, length - 1].abs().sum() > 0  # unfolded frames past the source carry information
 
 
+def test_a_language_model_given_a_translation_task_is_refused():
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    dictionary = _dictionary()
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    args = argparse.Namespace(arch="bytenet_lm_tiny", task="translation")
+    ARCH_CONFIG_REGISTRY["bytenet_lm_tiny"](args)
+    with pytest.raises(InputError, match="--arch bytenet_lm_tiny: a ByteNet language model .* given to --task "
+                                         "translation: the translation model is --arch bytenet"):
+        ARCH_MODEL_REGISTRY["bytenet_lm_tiny"].build_model(args, task)
+
+
+def test_the_decoders_own_reorder_hook_reorders_its_frames():
+    """fairseq's documented hook (``reorder_incremental_state``) and the generator's (``_scripting``) alike."""
+    model = build("bytenet_tiny")
+    source, lengths, target = _random_batch(model.decoder.dictionary, batch=3, source_len=6, target_len=5)
+    new_order = torch.tensor([2, 2, 0])
+    with torch.no_grad():
+        encoder_out = model.encoder(source, lengths)
+        state = {}
+        for t in range(target.size(1)):
+            model.decoder(target[:, : t + 1], encoder_out, incremental_state=state)
+        before = {name: frames.clone()
+                  for name, frames in model.decoder.stack.get_incremental_state(state, "frames").items()}
+        model.decoder.reorder_incremental_state(state, new_order)
+    after = model.decoder.stack.get_incremental_state(state, "frames")
+    assert all(torch.equal(after[name], frames.index_select(0, new_order)) for name, frames in before.items())
+
+
+def test_a_source_batch_padded_wider_than_it_needs_encodes_as_the_tight_one():
+    """fairseq pads a batch to a multiple of --required-seq-len-multiple: the extra (left) padding changes
+    nothing."""
+    model = build("bytenet_tiny")
+    pad = model.decoder.dictionary.pad()
+    source, lengths, _ = _random_batch(model.decoder.dictionary, batch=3, source_len=6, target_len=5)
+    wide = torch.cat([torch.full((3, 9), pad), source], dim=1)
+    with torch.no_grad():
+        assert torch.equal(model.encoder(wide, lengths)["encoder_out"][0][:, :7],
+                           model.encoder(source, lengths)["encoder_out"][0][:, :7])
+
+
 def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch():
     model = build("bytenet_tiny")
     source, lengths, target = _random_batch(model.decoder.dictionary, batch=4, source_len=10, target_len=25)
@@ -238,6 +280,8 @@ def test_layerdrop_skips_whole_blocks_in_training_and_none_at_inference(preset):
     ({"kernel_size": 0}, r"--kernel-size 0: expected a positive number"),
     ({"decoder_layerdrop": 1.0}, r"--decoder-layerdrop 1.0: expected 0 <= P < 1"),
     ({"encoder_layerdrop": -0.1}, r"--encoder-layerdrop -0.1: expected 0 <= P < 1"),
+    ({"dropout": -0.1}, r"--dropout -0.1: expected 0 <= P < 1"),
+    ({"dropout": 1.5}, r"--dropout 1.5: expected 0 <= P < 1"),
 ])
 def test_bad_model_flags_are_clear_errors(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -440,7 +484,7 @@ def test_tokens_per_sample_that_blinds_a_layer_is_refused_before_training(tmp_pa
     assert proc.returncode != 0
     assert ("InputError: --tokens-per-sample 30: below this model's receptive field (125 tokens: --decoder-blocks 5"
             in proc.stderr), proc.stderr[-1500:]
-    assert "a token is predicted from at most the 29 before it, not the 124 the model can see" in proc.stderr
+    assert "a token is predicted from at most the 30 before it, not the 125 the model can see" in proc.stderr
     assert ("the convolutions of dilation 16 reach back further than a block, so their farthest taps only ever see "
             "padding: use --tokens-per-sample 33 or more" in proc.stderr)
     assert not (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
@@ -453,7 +497,7 @@ def test_tokens_per_sample_below_the_receptive_field_trains_with_a_warning(tmp_p
                "--save-dir", str(tmp_path / "checkpoints"))
     log = proc.stdout + proc.stderr  # fairseq-train logs to stdout
     assert ("--tokens-per-sample 80: below this model's receptive field (125 tokens" in log
-            and "not the 124 the model can see (use --tokens-per-sample 125 for all of it)" in log)
+            and "not the 125 the model can see (use --tokens-per-sample 125 for all of it)" in log)
     assert (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
 
 

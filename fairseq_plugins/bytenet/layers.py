@@ -63,7 +63,8 @@ def _conv_frame(x: Tensor, past: Optional[Tensor], dilation: int, history: int, 
 
 
 def _norm(module: nn.LayerNorm, x: Tensor) -> Tensor:
-    """``module(x)`` without the module call (decoding steps run a few hundred of these per character)."""
+    """``module(x)`` without the module call (the multi-frame steps' layer norms; the one-frame step takes its
+    arguments from ``frame_arguments``)."""
     return F.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
 
 
@@ -291,6 +292,12 @@ class DilatedStack(nn.Module):
         self.set_incremental_state(incremental_state, "frames", kept)
         x = torch.layer_norm(x, *_norm_arguments(self.final_norm))
         return x.unsqueeze(1) if one_frame else x
+
+    def _apply(self, fn, *args, **kwargs):
+        # .half(), .to() or .cuda() give the parameters new tensors: drop the frame steps' views of the old ones,
+        # which would keep the old copies alive until the next decode rebuilds them.
+        self.__dict__.pop("_frame_arguments", None)
+        return super()._apply(fn, *args, **kwargs)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
         saved = self.get_incremental_state(incremental_state, "frames")

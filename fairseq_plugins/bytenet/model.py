@@ -23,6 +23,7 @@ from fairseq.models import (
 )
 from fairseq.modules import FairseqDropout
 from fairseq.tasks.language_modeling import LanguageModelingTask
+from fairseq.tasks.translation import TranslationTask
 from torch import Tensor, nn
 
 from ..common.dictionaries import check_vocabulary_sizes, data_directory, keep_or_check_model_dictionaries
@@ -35,7 +36,7 @@ EncoderOut = Dict[str, List[Tensor]]
 
 
 def unfolded_length(source_length: Tensor, a: float, b: float) -> Tensor:
-    """|t̂| = floor(a|s| + b), at least 1 (the 1e-6 keeps e.g. 1.2 * 5 = 5.999... from flooring to 5)."""
+    """|t̂| = floor(a|s| + b), at least 1 (the 1e-6 keeps e.g. 1.4 * 45 = 62.999... from flooring to 62)."""
     return torch.floor(source_length.double() * a + b + 1e-6).long().clamp(min=1)
 
 
@@ -86,6 +87,7 @@ class ByteNetEncoder(FairseqEncoder):
         frames = int(torch.maximum(lengths, unfolded).max())
         if frames > tokens.size(1):
             tokens = nn.functional.pad(tokens, (0, frames - tokens.size(1)), value=self.padding_idx)
+        tokens = tokens[:, :frames]  # a batch padded wider than needed (e.g. --required-seq-len-multiple)
         positions = torch.arange(frames, device=tokens.device).unsqueeze(0)
         in_source = positions < lengths.unsqueeze(1)
         active = positions < torch.maximum(lengths, unfolded).unsqueeze(1)
@@ -171,12 +173,13 @@ class ByteNetDecoder(FairseqIncrementalDecoder):
         return self.output_projection(torch.relu(self.output_hidden(features)))
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        return incremental_state  # the step count is the same for every hypothesis; layers reorder their frames
+        # Only the stack holds frames (the step count is the same for every hypothesis).
+        self.stack.reorder_incremental_state(incremental_state, new_order)
 
     def reorder_incremental_state_scripting(self, incremental_state: IncrementalState, new_order: Tensor):
-        # Only the stack holds frames: reorder it directly instead of walking every submodule (fairseq's
-        # default), which the generator does at every step.
-        self.stack.reorder_incremental_state(incremental_state, new_order)
+        # What the generator calls at every step: the stack directly, instead of fairseq's default walk over
+        # every submodule.
+        self.reorder_incremental_state(incremental_state, new_order)
 
     def max_positions(self):
         return self.max_target_positions
@@ -249,6 +252,11 @@ class ByteNetLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         bytenet_lm(args)
+        if isinstance(task, TranslationTask):
+            raise InputError(
+                f"--arch {args.arch}: a ByteNet language model (target network only) given to --task "
+                f"{getattr(args, 'task', 'translation')}: the translation model is --arch bytenet (or a preset of "
+                "it, e.g. bytenet_multi30k_char)")
         _check_args(args, sides=("decoder",))
         first_build = keep_or_check_model_dictionaries(args, task, "ByteNet language")
         dictionary = task.target_dictionary
@@ -283,7 +291,7 @@ def _check_training_blocks(args, decoder) -> None:
         f"--tokens-per-sample {block}: below this model's receptive field ({field} tokens: --decoder-blocks "
         f"{args.decoder_blocks}, --decoder-dilations {args.decoder_dilations}, --kernel-size {args.kernel_size}). "
         f"With --sample-break-mode none each training block is {block} tokens with no context before it, so a "
-        f"token is predicted from at most the {block - 1} before it, not the {field - 1} the model can see")
+        f"token is predicted from at most the {block} before it, not the {field} the model can see")
     if blind:
         raise InputError(
             f"{message}, and the convolutions of dilation {', '.join(map(str, blind))} reach back further than "
@@ -298,6 +306,8 @@ def _check_args(args, sides=("encoder", "decoder")):
         raise ValueError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
     if args.output_hidden_dim < 1:
         raise ValueError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
+    if not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout {args.dropout}: expected 0 <= P < 1")
     if "encoder" in sides and args.kernel_size % 2 == 0:
         raise ValueError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
     for side in sides:

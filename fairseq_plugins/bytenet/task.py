@@ -36,7 +36,8 @@ class ByteNetTranslationTask(TranslationTask):
             if others:
                 raise ValueError(f"--bytenet-decoding recompute needs ByteNet models (--path), got {', '.join(others)}")
         generator = super().build_generator(models, args, **kwargs)
-        if self.cfg.bytenet_decoding == "recompute":
-            # SequenceGenerator then calls decoder.forward on the whole prefix and keeps the last step.
+        if self.cfg.bytenet_decoding == "recompute" and hasattr(generator, "model"):  # (--score-reference
+            # scores with one full forward pass and has no steps.) SequenceGenerator then calls decoder.forward
+            # on the whole prefix and keeps the last step.
             generator.model.has_incremental = False
         return generator
