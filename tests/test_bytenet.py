@@ -553,6 +553,19 @@ def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model
                        "--source", " ", "--output", str(tmp_path / "empty.png"), check=False)
     assert proc.returncode == 2 and "--source: empty sentence" in proc.stderr
     assert not os.path.exists(tmp_path / "empty.png")
+    # checked before any checkpoint is read
+    proc = plugins_cli("saliency", "--path", str(tmp_path / "missing.pt"), "--data", copy_model["data"],
+                       "--source", " ", "--output", str(tmp_path / "empty.png"), check=False)
+    assert proc.returncode == 2 and "--source: empty sentence" in proc.stderr
+
+
+def test_saliency_refuses_a_language_model_checkpoint_by_its_arch(copy_model, lm_trained, tmp_path):
+    proc = plugins_cli("saliency", "--path", lm_trained["checkpoint"], "--data", copy_model["data"],
+                       "--source", "abc", "--output", str(tmp_path / "lm.png"), check=False)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert (f"--path {lm_trained['checkpoint']}: a ByteNetLanguageModel checkpoint (--arch bytenet_lm_tiny), not a "
+            "ByteNet translation model" in proc.stderr), proc.stderr[-1500:]
+    assert not os.path.exists(tmp_path / "lm.png")
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])

@@ -112,6 +112,7 @@ def run_saliency(args, argv):
     import json
 
     from fairseq import checkpoint_utils
+    from fairseq.models import ARCH_MODEL_REGISTRY
 
     from ..common.prepared import PreparedData
     from .model import ByteNetModel
@@ -120,17 +121,24 @@ def run_saliency(args, argv):
     tokenizers = {lang: data.tokenizer(lang) for lang in (data.source_lang, data.target_lang)}
     if any(t.kind != "char" for t in tokenizers.values()):
         raise InputError(f"--data {args.data}: saliency is per character; prepare the data with --char")
-    if not os.path.isfile(args.path):
-        raise InputError(f"--path {args.path}: no such checkpoint")
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": data.bin_dir})
-    model = models[0].float().eval()
-    if not isinstance(model, ByteNetModel):
-        raise InputError(f"--path {args.path}: a {type(model).__name__}, not a ByteNet translation model")
     for line, flag, lang in ((args.source, "--source", data.source_lang), (args.target, "--target", data.target_lang)):
         if line is not None:
             if not line.strip():
                 raise InputError(f"{flag}: empty sentence")
             tokenizers[lang].check(line, flag)
+    if not os.path.isfile(args.path):
+        raise InputError(f"--path {args.path}: no such checkpoint")
+    # The model's class from the checkpoint's arguments, before fairseq builds its task (a language model's task
+    # would look for another data directory's files and fail there).
+    state = checkpoint_utils.load_checkpoint_to_cpu(args.path, arg_overrides={"data": data.bin_dir})
+    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
+    model_class = ARCH_MODEL_REGISTRY.get(arch)
+    if model_class is None or not issubclass(model_class, ByteNetModel):
+        raise InputError(f"--path {args.path}: a {model_class.__name__ if model_class else arch} checkpoint "
+                         f"(--arch {arch}), not a ByteNet translation model")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], state=state)
+    model = models[0].float().eval()
 
     def encode(text, dictionary, lang):
         return dictionary.encode_line(tokenizers[lang].encode(text), add_if_not_exist=False).long()
