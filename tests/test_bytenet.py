@@ -648,6 +648,12 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     figures = summarize.training(str(log))
     assert [(point["epoch"], point["valid_loss_base2"], point["wall_seconds"]) for point in figures["curve"]] == [
         (1, 2.7, 600), (2, 2.4, 1300), (3, 2.2, 1900)]
+    # Started again from scratch (its checkpoints deleted): the earlier run's epochs count no more.
+    log.write_text(scratch + epoch(1, 2.7, 600) + epoch(2, 2.5, 900) + scratch + epoch(1, 2.6, 500)
+                   + "| INFO | fairseq_cli.train | done training in 501.0 seconds\n")
+    figures = summarize.training(str(log))
+    assert [(point["epoch"], point["wall_seconds"]) for point in figures["curve"]] == [(1, 500)]
+    assert figures["wall_seconds"] == 501.0
 
 
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):

@@ -26,17 +26,17 @@ PROCESS_START = re.compile(r"Loaded checkpoint .*\(epoch (\d+) @ \d+ updates\)|N
 
 def wall_event(line: str):
     """A log line's part in the training clock: ("start", E) where a fairseq-train process starts (resuming at
-    epoch E; 1 from scratch), ("epoch", N, W) at the end of epoch N, W seconds into its process; else None."""
+    epoch E; None: from scratch), ("epoch", N, W) at the end of epoch N, W seconds into its process; else None."""
     if m := TRAIN_WALL.search(line):
         return "epoch", int(m.group(1)), int(m.group(2))
     if m := PROCESS_START.search(line):
-        return "start", int(m.group(1) or 1)
+        return "start", int(m.group(1)) if m.group(1) else None
     return None
 
 
 def cumulative_walls(events):
     """fairseq's training wall seconds at the end of each epoch, counted across resumes, from a log's
-    ``wall_event``s in order -> ({epoch: seconds}, whether more than one process trained).
+    ``wall_event``s in order -> ({epoch: seconds}, whether more than one process trained them).
     fairseq's ``wall`` starts again from 0 in every process (it resets its time meters when it loads a
     checkpoint), so a process that resumes at epoch E counts on from the last epoch end logged at or before E:
     the end of epoch E - 1 after an end-of-epoch checkpoint (the part of an epoch that a killed process did not
@@ -47,8 +47,12 @@ def cumulative_walls(events):
     for event in events:
         if event[0] == "start":
             resumed_at = event[1]
-            offset = max((seconds for epoch, seconds in walls.items() if epoch <= resumed_at), default=0)
-            previous, restarted = 0, restarted or resumed_at > 1
+            if resumed_at is None:  # from scratch: what an earlier run of this log trained is gone
+                walls, offset, restarted = {}, 0, False
+            else:
+                offset = max((seconds for epoch, seconds in walls.items() if epoch <= resumed_at), default=0)
+                restarted = True
+            previous = 0
             continue
         _, epoch, wall = event
         if wall < previous:
