@@ -96,9 +96,10 @@ average_last_epochs() {
 # from scratch): re-run, fairseq would resume and train at least one more epoch past the plateau.
 stopped_by_patience() {  # LOG PATIENCE
   local stopped
+  [[ -f $1 ]] || return 1
   stopped=$(awk '/No existing checkpoint found/ { n = 0 }
     /early stop since valid performance hasn.t improved for last [0-9]+ runs/ { n = $(NF - 1) }
-    END { print n + 0 }' "$1" 2>/dev/null || echo 0)
+    END { print n + 0 }' "$1")
   (( stopped > 0 && stopped >= $2 ))
 }
 

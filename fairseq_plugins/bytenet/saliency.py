@@ -131,7 +131,7 @@ def run_saliency(args, argv):
     # The model's class from the checkpoint's arguments, before fairseq builds its task (a language model's task
     # would look for another data directory's files and fail there).
     state = checkpoint_utils.load_checkpoint_to_cpu(args.path, arg_overrides={"data": data.bin_dir})
-    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    model_cfg = state["cfg"]["model"]  # (load_checkpoint_to_cpu makes a cfg of an older checkpoint's args)
     arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
     model_class = ARCH_MODEL_REGISTRY.get(arch)
     if model_class is None or not issubclass(model_class, ByteNetModel):

@@ -166,10 +166,10 @@ def keep_patience_across_resumes() -> None:
 
     @functools.wraps(original_save)
     def save_checkpoint(self, filename, extra_state):
-        state = {name: getattr(function, name) for function in _early_stopping_functions()
-                 for name in ("best", "num_runs") if hasattr(function, name)}
-        if len(state) == 2:
-            extra_state = {**extra_state, PATIENCE_STATE_KEY: state}
+        counting = [function for function in _early_stopping_functions() if hasattr(function, "num_runs")]
+        if counting:  # the running one comes first
+            extra_state = {**extra_state, PATIENCE_STATE_KEY: {"best": counting[0].best,
+                                                               "num_runs": counting[0].num_runs}}
         return original_save(self, filename, extra_state)
 
     @functools.wraps(original_load)
@@ -193,8 +193,9 @@ def keep_patience_across_resumes() -> None:
 
 
 def _early_stopping_functions() -> list:
-    """fairseq-train's ``should_stop_early``: its module is fairseq_cli.train, or __main__ when run with -m."""
+    """fairseq-train's ``should_stop_early``: in __main__ when run with -m (first: the one that runs), else in
+    fairseq_cli.train."""
     import sys
 
-    functions = [getattr(sys.modules.get(name), "should_stop_early", None) for name in ("fairseq_cli.train", "__main__")]
+    functions = [getattr(sys.modules.get(name), "should_stop_early", None) for name in ("__main__", "fairseq_cli.train")]
     return list({id(function): function for function in functions if callable(function)}.values())
