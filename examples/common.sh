@@ -15,6 +15,9 @@
 #                  its training source at beam 5; OUT/tok/train.{$SRC,$TGT} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
 #                  when OUT/bin is there; uses $USER_DIR and record.
+#   stopped_by_patience LOG PATIENCE
+#                  true, with a note on stderr, when the fairseq-train log LOG ends in a stop by --patience of at
+#                  least PATIENCE: the recipes do not train that system again
 #   average_last_epochs DIR N OUT
 #                  fairseq-plugins average-checkpoints of DIR's last N epoch checkpoints (fewer when a training
 #                  stopped sooner, e.g. by patience) into OUT; the checkpoint records which it averaged
@@ -92,15 +95,19 @@ average_last_epochs() {
     --output "$3"
 }
 
-# Whether the fairseq-train log LOG ends in a stop by --patience of at least PATIENCE epochs (since its last start
-# from scratch): re-run, fairseq would resume and train at least one more epoch past the plateau.
+# Whether the fairseq-train log LOG ends in a stop by --patience of at least PATIENCE validations (since its last
+# start from scratch), said on stderr: re-run, fairseq would resume and train at least one more epoch past the
+# plateau, and the recipes' averages of the last epochs would move with it. Every recipe's train stage skips such
+# a training (`stopped_by_patience LOG PATIENCE && continue`).
 stopped_by_patience() {  # LOG PATIENCE
   local stopped
   [[ -f $1 ]] || return 1
   stopped=$(awk '/No existing checkpoint found/ { n = 0 }
     /early stop since valid performance hasn.t improved for last [0-9]+ runs/ { n = $(NF - 1) }
     END { print n + 0 }' "$1")
-  (( stopped > 0 && stopped >= $2 ))
+  (( stopped > 0 && stopped >= $2 )) || return 1
+  echo "$(basename "$(dirname "$1")"): stopped at its plateau ($stopped validations without a new best; $1):" \
+    "not trained again (a larger --patience trains it on)" >&2
 }
 
 # The N epoch checkpoints of DIR centred on the epoch of the lowest validation loss in LOG (fairseq-train's log,

@@ -177,3 +177,48 @@ def test_the_recipes_know_a_training_that_patience_stopped(tmp_path):
     assert stopped(start + stop.format(5) + resume)  # a re-run cut short: the plateau stands
     (tmp_path / "train.log").unlink()
     assert not stopped(None)
+
+
+# Each recipe's train stage, its arguments and environment, and two of its systems: the first stopped by patience.
+RECIPE_TRAININGS = {
+    "bytenet": (["MULTI30K", "SHAKESPEARE", "WORK"],
+                {"STAGES": "train-mt", "MT_SYSTEMS": "bytenet-mt transformer-mt", "LM_SYSTEMS": ""},
+                ("bytenet-mt", "transformer-mt"), 5),
+    "double_token": (["BASE", "WORK"], {"STAGES": "train", "SYSTEMS": "l2r-1 r2l-1"}, ("l2r-1", "r2l-1"), 3),
+    "lattice": (["BASE", "WORK"], {"STAGES": "train", "SYSTEMS": "raw-1 distill-1"}, ("raw-1", "distill-1"), 3),
+    "rnn_fc": (["BASE", "WORK"], {"STAGES": "train", "SYSTEMS": "fc4-tanh fc0-tanh", "TRAIN_ON": "raw"},
+               ("fc4-tanh", "fc0-tanh"), 3),
+    "blockwise": (["BASE", "WORK"], {"STAGES": "train", "VARIANTS": "self regular"}, ("self", "regular"), 3),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_TRAININGS))
+def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path):
+    """Re-run, a recipe's train stage skips a system whose log ends in a stop by its --patience (fairseq would
+    resume and train past the plateau, moving the epochs averaged) and trains the others: checked with a stand-in
+    fairseq-train that records its --save-dir."""
+    args, env, (stopped, other), patience = RECIPE_TRAININGS[recipe]
+    base, work = tmp_path / "base", tmp_path / "work"
+    os.makedirs(base / "data")
+    (base / "data" / "prepare.json").write_text('{"source_lang": "en", "target_lang": "de"}')
+    os.makedirs(base / "checkpoints")
+    (base / "checkpoints" / "checkpoint_best.pt").write_bytes(b"")
+    os.makedirs(work / stopped)
+    (work / stopped / "train.log").write_text(
+        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
+        f"| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last {patience} runs\n")
+    stand_ins, calls = tmp_path / "bin", tmp_path / "calls"
+    os.makedirs(stand_ins)
+    (stand_ins / "fairseq-train").write_text(
+        f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --save-dir ] && echo "$2" >> {calls}; shift; done\n')
+    os.chmod(stand_ins / "fairseq-train", 0o755)
+    paths = {"BASE": base, "WORK": work, "MULTI30K": tmp_path / "m", "SHAKESPEARE": tmp_path / "s"}
+    venv_bin = os.path.dirname(subprocess.run(["bash", "-c", "source examples/tools.sh; command -v fairseq-plugins"],
+                                              cwd=REPO, capture_output=True, text=True).stdout.strip())
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", recipe, "run.sh")] + [str(paths[a]) for a in args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}", **env))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert calls.read_text().split() == [str(work / other / "checkpoints")]
+    assert (f"{stopped}: stopped at its plateau ({patience} validations without a new best; "
+            f"{work / stopped / 'train.log'}): not trained again" in proc.stderr)

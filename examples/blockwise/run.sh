@@ -11,7 +11,8 @@
 #             self-finetuned = all parameters, the base's own greedy outputs
 #             (the fine-tuned ones continue from the frozen ones of the same data, with a KL term to the
 #             frozen baseline's distribution so that p_1 stays close to the model the heads learnt). Frozen variants train
-#             to a plateau of the heads' mean validation accuracy (proposal_accuracy, patience 3)
+#             to a plateau of the heads' mean validation accuracy (proposal_accuracy, patience 3; not trained again
+#             once there)
 #   evaluate: paper Table 1 through fairseq-plugins bench (BLEU, mean accepted block size), per variant and k
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #   fast    : the same on the fast decoder step (--fast-step), float32 and int8, batch 1, k in FAST_BLOCK_SIZES
@@ -106,6 +107,7 @@ variant_flags() {  # data dir, warm-start checkpoint, then extra fairseq-train f
 }
 if stage train; then
   for variant in $VARIANTS; do
+    stopped_by_patience "$WORK/$variant/train.log" "${PATIENCE:-3}" && continue  # a frozen variant at its plateau
     mkdir -p "$WORK/$variant"
     # shellcheck disable=SC2046  # word splitting of the variant's flags is intended
     record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \

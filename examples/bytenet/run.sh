@@ -97,11 +97,7 @@ LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --d
 train_together() {  # NAME...: the "$WORK/<name>" runs started together (THREADS each), waited for together
   local pids=()
   for name in "$@"; do
-    if stopped_by_patience "$WORK/$name/train.log" "$PATIENCE"; then
-      echo "run.sh: $name stopped at its plateau ($PATIENCE epochs without a new best; $WORK/$name/train.log):" \
-        "not trained again (a larger PATIENCE trains it on)" >&2
-      continue
-    fi
+    stopped_by_patience "$WORK/$name/train.log" "$PATIENCE" && continue
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
     OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$name/checkpoints" \

@@ -7,7 +7,7 @@
 #              (--double-token-base-checkpoint) and fine-tuned to a plateau of validation loss (with TRAIN_ON=distill:
 #              of greedy validation BLEU, --eval-bleu) (--patience 3,
 #              at most EPOCHS epochs), same seed and schedule, on the baseline's prepared data; resumes from
-#              checkpoint_last.pt. A system is ORDER-TOKENS_PER_STEP:
+#              checkpoint_last.pt (one that patience stopped is not trained again). A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
 #   average  : the mean of each system's last 5 epoch checkpoints (the paper's averaging; fewer when a system
 #              stopped sooner), checkpoint_avg.pt (it records which it averaged): what every later stage decodes
@@ -86,6 +86,7 @@ init_flags() {  # SYSTEM: where its weights start (fairseq applies either only w
 
 if stage train; then
   for system in $SYSTEMS; do
+    stopped_by_patience "$WORK/$system/train.log" 3 && continue
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the system's flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(system_flags "$system") \

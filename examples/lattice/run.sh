@@ -6,7 +6,8 @@
 #              rnn_fc and blockwise recipes; default work/distill/beam5 beside BASELINE_WORK)
 #   align    : fairseq-plugins align (systran-align, or ALIGN_BACKEND=fast_align) of each training set
 #   table    : fairseq-plugins lattice-table of each, and lattice-recall on test (paper Fig. 1)
-#   train    : lattice_transformer_multi30k (the baseline's encoder, a Markov scorer) for each SYSTEM:
+#   train    : lattice_transformer_multi30k (the baseline's encoder, a Markov scorer) for each SYSTEM (resumes
+#              from checkpoint_last.pt; one that patience stopped is not trained again):
 #                raw-1      original targets, 1 scorer layer
 #                distill-1  distilled targets, 1 scorer layer (the paper's setting)
 #                distill-2, distill-3   distilled targets, 2 and 3 scorer layers (paper Table 3)
@@ -103,6 +104,7 @@ fi
 
 if stage train; then
   for system in $SYSTEMS; do
+    stopped_by_patience "$WORK/$system/train.log" "${PATIENCE:-3}" && continue
     c=$(corpus "$system")
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the warm-start flags and TRAIN_FLAGS is intended

@@ -6,7 +6,8 @@
 #               shared with the lattice recipe: DISTILL, default work/distill/beam5 beside BASELINE_WORK)
 #   train     : rnn_fc_multi30k variants (SYSTEMS), fairseq-train on the distilled set (TRAIN_ON=raw: the
 #               references) to a plateau of validation loss (--patience 3, EPOCHS a cap), keeping the last
-#               AVERAGE epoch checkpoints:
+#               AVERAGE epoch checkpoints; resumes from checkpoint_last.pt, one that patience stopped is not
+#               trained again:
 #                 fc4-tanh  the preset: AttGRU, 4 FC-ReLU layers, FC-tanh top
 #                 fc0-tanh  no FC-ReLU layers (AttGRU, FC-tanh, softmax)
 #                 fc4-gru   a GRU top layer instead of FC-tanh
@@ -108,6 +109,7 @@ fi
 
 if stage train; then
   for system in $SYSTEMS; do
+    stopped_by_patience "$WORK/$system/train.log" 3 && continue
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
     flags=$(system_flags "$system")
