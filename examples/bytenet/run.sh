@@ -15,8 +15,9 @@
 #              normalisation (--lenpen 0, the paper's setting) for both systems
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
-#              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; both MT systems' speed with the
-#              stock generator on the test split, RESULTS/bytenet_speed.json
+#              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; ByteNet against the character
+#              transformer (--baseline-path) on the test split, both with the stock generator, in one run:
+#              RESULTS/bytenet_speed.json
 #   saliency : the paper's Fig. 6 for the first test pair, RESULTS/bytenet_saliency.{png,json}
 #   summary  : RESULTS/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
@@ -235,14 +236,15 @@ if stage bench; then
       --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
       --label "length $length, $decoding vs cached" --provenance "$COMMANDS" --json "$LENGTH_JSON" --append
   done
-  # Both MT systems on the test set with the stock generator (beam BEAM, one sentence at a time).
-  for name in $MT_SYSTEMS; do
-    record fairseq-plugins bench --method baseline --path "$(final_checkpoint "$name")" \
-      --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 \
-      --max-len-a 1.5 --max-len-b 10 --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "$name beam $BEAM" \
-      --no-whole-split-bleu \
-      --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json" --append
-  done
+  # ByteNet against the character transformer on the same test sentences, in one process, alternating batch by
+  # batch: both with the stock generator (ByteNet's cached decoding), beam BEAM, one sentence at a time; the
+  # speed ratio is transformer time / ByteNet time (BLEU on the timed sentences; evaluate-mt scores the whole split).
+  rm -f "$RESULTS/bytenet_speed.json"
+  record fairseq-plugins bench --method bytenet --path "$(final_checkpoint bytenet-mt)" \
+    --baseline-path "$(final_checkpoint transformer-mt)" --data "$WORK/mt-data" --device "$DEVICE" \
+    --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 --max-len-a 1.5 --max-len-b 10 \
+    --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "ByteNet vs the character transformer, beam $BEAM" \
+    --no-whole-split-bleu --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json"
 fi
 
 if stage saliency; then
