@@ -587,6 +587,36 @@ def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)
 
 
+def test_bench_times_bytenet_against_a_character_transformer_in_one_run(copy_model, tmp_path):
+    """The recipe's speed comparison: ByteNet (the method side, cached) against a transformer trained on the same
+    character data (--baseline-path, loaded with its own task) in one process; each side scores exactly as it
+    does benched alone."""
+    save_dir = str(tmp_path / "transformer")
+    run("fairseq_cli.train", copy_model["bin"], "--task", "translation", "--arch", "transformer",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--share-all-embeddings", "--optimizer", "adam", "--lr", "3e-3",
+        "--criterion", "cross_entropy", "--max-tokens", "3000", "--max-epoch", "2", "--seed", "1",
+        "--num-workers", "0", "--cpu", "--no-progress-bar", "--no-epoch-checkpoints", "--save-dir", save_dir,
+        env={"OMP_NUM_THREADS": TRAIN_THREADS})
+    transformer = os.path.join(save_dir, "checkpoint_last.pt")
+    common = ["--data", copy_model["data"], "--threads", 1, "--runs", 1, "--warmup", 0, "--beam", 4, "--lenpen", 0,
+              "--limit", 6, "--no-whole-split-bleu"]
+    together, alone = tmp_path / "versus.json", tmp_path / "alone.json"
+    plugins_cli("bench", "--method", "bytenet", "--path", copy_model["checkpoint"], "--baseline-path", transformer,
+                *common, "--json", together)
+    plugins_cli("bench", "--method", "baseline", "--path", transformer, *common, "--json", alone)
+    result, transformer_alone = json.loads(together.read_text()), json.loads(alone.read_text())
+    assert result["baseline_checkpoint"] == os.path.abspath(transformer)
+    assert result["generator"]["task_flags"]["bytenet_decoding"] == "cached"
+    assert result["baseline"]["bleu"] == transformer_alone["bleu"]
+    assert result["baseline"]["hypothesis_length"] == transformer_alone["hypothesis_length"]
+    # The copying ByteNet, decoded as fairseq-generate decodes it (these short lines have too few 4-grams for BLEU),
+    # and two models, not one benched twice.
+    assert result["bleu_precisions"][0] == 100 and result["hypothesis_length"] == result["reference_length"]
+    assert result["stats"]["outputs_identical_to_baseline"] < 1
+
+
 @pytest.mark.cuda
 def test_incremental_decoding_on_cuda_matches_the_cpu_full_forward_pass():
     model = build("bytenet_multi30k_char", narrow=True)
