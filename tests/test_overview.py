@@ -42,6 +42,9 @@ def results_dir(tmp_path):
     ]))
     recompute = result("cnn", "length 400", 1.0, 1.0, 0.1, runs=(0.09, 0.1, 0.11))
     recompute["generator"]["description"] = "greedy, no cache"  # the method side is the uncached reference
+    # every output forced to 400 tokens, identical on both sides
+    recompute["generator"].update(min_len=400, max_len_a=0.0, max_len_b=400)
+    recompute["stats"] = {"outputs_identical_to_baseline": 1.0}
     (directory / "cnn.json").write_text(json.dumps([recompute]))
     (directory / "summary.json").write_text(json.dumps({"method": "fast", "baseline": "a text", "rows": []}))
     return directory
@@ -80,6 +83,9 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
     # a row scored on the whole split quotes that BLEU, and says on how many sentences
     assert "| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | 17.00x (17.00-17.00) | 1 | test CPU | 10 (BLEU: 1000) |" \
         in text
+    # forced lengths: no BLEU to quote, the outputs identical
+    assert ("| cnn | cached vs recomputed: length 400 (greedy) | - (every output forced to 400 tokens) | "
+            "identical outputs | 10.00x (9.09-11.11), spread 20% ! |") in text
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
     assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
 

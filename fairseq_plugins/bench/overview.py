@@ -74,6 +74,16 @@ def bleu_delta(result: Dict) -> float:
     return headline_bleu(result)["delta"]
 
 
+def forced_length(result: Dict) -> Optional[int]:
+    """The output length a bench forced on every sentence (``--min-len L --max-len-a 0 --max-len-b L``: ByteNet's
+    length sweep), or None. BLEU says nothing there; whether the outputs were identical does."""
+    generator = result.get("generator", {})
+    length = generator.get("min_len") or 0
+    if length > 0 and not generator.get("max_len_a") and generator.get("max_len_b") == length:
+        return length
+    return None
+
+
 def device_kind(result: Dict) -> str:
     return "GPU" if result.get("device_type") == "cuda" else "CPU"
 
@@ -117,10 +127,14 @@ def readme_block(results: List[Tuple[str, Dict]]) -> str:
         bleu = headline_bleu(result)
         timed = result.get("sentences", "-")
         sentences = f"{timed} (BLEU: {bleu['sentences']})" if bleu["whole_split"] else f"{timed}"
+        bleu_cells = f"{bleu['bleu']:.2f} ({bleu['stock']:.2f}) | {bleu['delta']:+.2f}"
+        length = forced_length(result)
+        if length is not None:
+            identical = result.get("stats", {}).get("outputs_identical_to_baseline") == 1.0
+            bleu_cells = f"- (every output forced to {length} tokens) | {'identical outputs' if identical else '-'}"
         lines.append(
-            f"| {result['method']} | {setting} | {bleu['bleu']:.2f} ({bleu['stock']:.2f}) | "
-            f"{bleu['delta']:+.2f} | {speed_cell(figures)} | {result['batch_size']} | {result['device']} | "
-            f"{sentences} | {why} | [{name}]({link}) |")
+            f"| {result['method']} | {setting} | {bleu_cells} | {speed_cell(figures)} | {result['batch_size']} | "
+            f"{result['device']} | {sentences} | {why} | [{name}]({link}) |")
         if figures["speed_ratio_flags"]:
             flagged.append(f"! {result['method']}: {'; '.join(figures['speed_ratio_flags'])}.")
     lines += ["", f"Speed ratio: {SPEED_RATIO_HEADER}. BLEU: sacreBLEU, detokenised, on the whole test split "
