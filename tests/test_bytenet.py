@@ -686,6 +686,58 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     assert figures["wall_seconds"] == 501.0
 
 
+def test_the_recipe_summary_says_why_each_training_stopped_counting_only_its_last_run(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    scratch = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
+    resumed = "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch 3 @ 20 updates)\n"
+    valid = "| INFO | valid | epoch {:03d} | valid on 'valid' subset | loss {} | ppl 4.4 | num_updates 10\n"
+    patience = "| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 5 runs\n"
+    time_cap = "| INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 10.1 > stop_time_hours\n"
+    done = "| INFO | fairseq_cli.train | done training in 61.5 seconds\n"
+    log = tmp_path / "train.log"
+    for text, stopped_by, best in (
+            (scratch + valid.format(1, 2.5) + valid.format(2, 2.4) + valid.format(3, 2.45) + patience + done,
+             "patience (plateau of validation loss)", 2),
+            (scratch + valid.format(1, 2.5) + time_cap + done, "time budget (--stop-time-hours)", 1),
+            (scratch + valid.format(1, 2.5) + done, "max epoch", 1),
+            # a time cap, then a resumed run still going (or killed): the cap no longer says why it stopped
+            (scratch + valid.format(1, 2.5) + time_cap + done + resumed + valid.format(2, 2.4),
+             "not finished (no end of training in the log)", 2)):
+        log.write_text(text)
+        figures = summarize.training(str(log))
+        assert (figures["stopped_by"], figures["best_epoch"]) == (stopped_by, best)
+
+
+def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(tmp_path):
+    """bytenet_speed.json's one-run bench of ByteNet against the transformer (--baseline-path) goes into the
+    summary as its speed ratio (transformer time / ByteNet time) with its runs; a bench of a system against itself
+    (the recipe's older bench) is no such comparison."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    side = {"bleu": 20.0, "sentences_per_s": 2.0, "latency_ms_p50": 400.0, "hypothesis_length": 900,
+            "generator": {"description": "beam 12"}}
+    versus = {**side, "method": "bytenet", "checkpoint": "/w/bytenet-mt/checkpoints/checkpoint_avg.pt",
+              "baseline_checkpoint": "/w/transformer-mt/checkpoints/checkpoint_avg.pt", "bleu": 15.0,
+              "baseline": side, "speed_ratio": 0.9, "speed_ratio_runs": [0.88, 0.9, 0.95], "speed_ratio_min": 0.88,
+              "speed_ratio_max": 0.95, "speed_ratio_spread": 0.07 / 0.9, "beam": 12, "batch_size": 1, "threads": 1,
+              "sentences": 200, "device": "test CPU", "timing": {"alternation": "per batch"}}
+    path = tmp_path / "bytenet_speed.json"
+    path.write_text(json.dumps([versus]))
+    speed = summarize.speed_against_transformer(str(path))
+    assert (speed["speed_ratio"], speed["speed_ratio_runs"], speed["speed_ratio_flags"]) == (0.9, [0.88, 0.9, 0.95], [])
+    assert speed["bytenet"]["bleu"] == 15.0 and speed["transformer"]["bleu"] == 20.0 and speed["beam"] == 12
+    path.write_text(json.dumps([{**versus, "method": "baseline", "baseline_checkpoint": versus["checkpoint"]}]))
+    assert summarize.speed_against_transformer(str(path)) is None
+    assert summarize.speed_against_transformer(str(tmp_path / "missing.json")) is None
+
+
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
     fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""
@@ -720,6 +772,7 @@ def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     assert lm["bytenet-lm-deep-wide"]["valid_bits_per_character"] == 2.1293
     assert lm["bytenet-lm-deep-wide"]["training"]["device"] == "NVIDIA H100 80GB HBM3"
     assert lm["bytenet-lm-deep-wide"]["evaluated"].startswith("checkpoint_avg.pt (where it was trained")
+    assert "averaged" not in lm["bytenet-lm-deep-wide"]
     assert summarize.training(str(system / "train.log"))["curve"] == [
         {"epoch": 1, "valid_loss_base2": 2.665, "wall_seconds": 16}]
     assert (out.parent / "bytenet_curves.png").read_bytes().startswith(b"\x89PNG")

@@ -5,8 +5,8 @@ Reads WORK/<system>/{train.log, test.beam*.txt, eval-lm.log, checkpoints/checkpo
 systems trained (a language model scored on a device whose checkpoint did not come back: its train.log and
 eval-lm.log alone, the parameter count from the log),
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
-languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSON bytenet_length.json
-beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length) and bytenet_curves.png
+languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSONs bytenet_length.json and
+bytenet_speed.json beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length) and bytenet_curves.png
 (validation loss against training time, translation and language models).
 """
 
@@ -25,15 +25,21 @@ from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))
-from training_curves import cumulative_walls, wall_event  # noqa: E402  (a script beside this one, stdlib only)
+from training_curves import cumulative_walls, stop_reason, wall_event  # noqa: E402  (a script beside this one, stdlib only)
 
 
-def parameters(checkpoint: str) -> int:
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+def checkpoint_figures(checkpoint: str) -> dict:
+    """The parameter count of a checkpoint and, for an average, the epoch checkpoints it averages."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     # Tied weights (shared embeddings) appear under several names but are one tensor; fairseq also keeps
     # a few non-parameter entries (version counters, sinusoid buffers) in the state dict.
-    tensors = {t.data_ptr(): t for k, t in state.items() if t.is_floating_point() and not k.endswith("_float_tensor")}
-    return sum(t.numel() for t in tensors.values())
+    tensors = {t.data_ptr(): t for k, t in saved["model"].items()
+               if t.is_floating_point() and not k.endswith("_float_tensor")}
+    figures = {"parameters": sum(t.numel() for t in tensors.values()), "evaluated": os.path.basename(checkpoint)}
+    averaged = (saved.get("extra_state") or {}).get("averaged_checkpoints")
+    if averaged:
+        figures["averaged"] = averaged
+    return figures
 
 
 def logged_parameters(log_path: str):
@@ -66,12 +72,40 @@ def training(log_path: str) -> dict:
              for epoch, loss in sorted(losses.items()) if epoch in walls]
     return {
         "device": training_device(text) or report.device_name(torch.device("cpu")),
+        "stopped_by": stop_reason(text.splitlines()),
+        "best_epoch": min(losses, key=lambda epoch: (losses[epoch], epoch)) if losses else None,
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
         # (fairseq's "done training in" counts the last run only)
         "wall_seconds": float(done.group(1)) if done and not restarted else (curve[-1]["wall_seconds"] if curve else None),
         "valid_loss_base2": [float(loss) for loss, _ in valid],
         "curve": curve,
+    }
+
+
+def speed_against_transformer(path: str):
+    """ByteNet against the character transformer timed in one run (the bench stage's bytenet_speed.json,
+    --baseline-path): the speed ratio (transformer time / ByteNet time) with its runs and flags, and both sides'
+    BLEU on the sentences timed; None without such a bench."""
+    if not os.path.isfile(path):
+        return None
+    runs = [r for r in report.load_results(path) if r["method"] == "bytenet"
+            and r.get("baseline_checkpoint") not in (None, r.get("checkpoint"))]
+    if not runs:
+        return None
+    result = runs[-1]
+    figures = report.speed_figures(result)
+    return {
+        "speed_ratio": result["speed_ratio"], "speed_ratio_min": result["speed_ratio_min"],
+        "speed_ratio_max": result["speed_ratio_max"], "speed_ratio_runs": result["speed_ratio_runs"],
+        "speed_ratio_flags": figures["speed_ratio_flags"],
+        "definition": "transformer time / ByteNet time on the same sentences, one process, alternating batch by "
+                      "batch (the bench's speed ratio with the transformer as its stock side)",
+        "beam": result["beam"], "batch_size": result["batch_size"], "threads": result["threads"],
+        "sentences": result["sentences"], "device": result["device"],
+        "bytenet": {key: result[key] for key in ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")},
+        "transformer": {key: result["baseline"][key]
+                        for key in ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")},
     }
 
 
@@ -214,8 +248,7 @@ def main(work: str, raw_dir: str, out: str) -> None:
     for name in ("bytenet-mt", "transformer-mt"):
         if final_checkpoint(work, name) is None:
             continue  # not trained (yet)
-        system = {"parameters": parameters(final_checkpoint(work, name)),
-                  "training": training(f"{work}/{name}/train.log")}
+        system = {**checkpoint_figures(final_checkpoint(work, name)), "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             beam = re.search(r"beam(\d+)", path).group(1)
             figures = bleu(path, references)
@@ -228,13 +261,14 @@ def main(work: str, raw_dir: str, out: str) -> None:
         if checkpoint is None and not scored_elsewhere:
             continue
         result["language_model"][name] = {
-            "evaluated": os.path.basename(checkpoint) if checkpoint else "checkpoint_avg.pt (where it was trained; not kept)",
-            "parameters": parameters(checkpoint) if checkpoint else logged_parameters(log),
+            **(checkpoint_figures(checkpoint) if checkpoint else {
+                "evaluated": "checkpoint_avg.pt (where it was trained; not kept)", "parameters": logged_parameters(log)}),
             "training": training(log),
             "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
         }
     results_dir = os.path.dirname(out) or "."
     result["length_scaling"] = length_scaling(os.path.join(results_dir, "bytenet_length.json"))
+    result["speed_against_transformer"] = speed_against_transformer(os.path.join(results_dir, "bytenet_speed.json"))
     if result["length_scaling"]:
         plot_length(result["length_scaling"], os.path.join(results_dir, "bytenet_length.png"))
     plot_curves(result, os.path.join(results_dir, "bytenet_curves.png"))

@@ -62,38 +62,55 @@ def cumulative_walls(events):
     return walls, restarted
 
 
+# What ended a fairseq-train run, by the line it logs.
+STOP_LINES = (("early stop since valid performance", "patience (plateau of validation loss)"),
+              ("Stopping training due to cumulative_training_time", "time budget (--stop-time-hours)"),
+              ("Stopping training due to num_updates", "update budget (--max-update)"))
+
+
+def stop_reason(lines) -> str:
+    """Why the last fairseq-train process of a log (its lines; a resumed run's log appended) stopped: its stop
+    line; without one, "max epoch" where it logged the end of training, else the log ends inside that run (still
+    training, or killed). What an earlier process of the log logged does not count."""
+    reason, finished = None, False
+    for line in lines:
+        if PROCESS_START.search(line):
+            reason, finished = None, False
+        elif DONE.search(line):
+            finished = True
+        else:
+            reason = next((why for text, why in STOP_LINES if text in line), reason)
+    if reason is None:
+        reason = "max epoch" if finished else "not finished (no end of training in the log)"
+    return reason
+
+
 def read_log(path: str) -> dict:
-    curve, device, seconds, stopped_by, fp16, bf16 = [], None, None, None, False, False
+    curve, device, seconds, fp16, bf16 = [], None, None, False, False
     wall_events = []  # process starts and epoch ends, in log order
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if m := VALID.search(line):
-                epoch = int(m.group(1))
-                curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
-                curve.append({"epoch": epoch, "loss": float(m.group(2)),
-                              "nll_loss": float(m.group(3)) if m.group(3) else None})
-            elif event := wall_event(line):
-                wall_events.append(event)
-            elif m := DEVICE.search(line):
-                device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
-            elif m := DONE.search(line):
-                seconds = float(m.group(1))
-            elif "early stop since valid performance" in line:
-                stopped_by = "patience (plateau of validation loss)"
-            elif "Stopping training due to cumulative_training_time" in line:
-                stopped_by = "time budget (--stop-time-hours)"
-            elif "Stopping training due to num_updates" in line:
-                stopped_by = "update budget (--max-update)"
-            if "'common': {" in line:
-                fp16 = fp16 or (m := FP16.search(line)) is not None and m.group(1) == "True"
-                bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
+        lines = f.read().splitlines()
+    for line in lines:
+        if m := VALID.search(line):
+            epoch = int(m.group(1))
+            curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
+            curve.append({"epoch": epoch, "loss": float(m.group(2)),
+                          "nll_loss": float(m.group(3)) if m.group(3) else None})
+        elif event := wall_event(line):
+            wall_events.append(event)
+        elif m := DEVICE.search(line):
+            device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
+        elif m := DONE.search(line):
+            seconds = float(m.group(1))
+        if "'common': {" in line:
+            fp16 = fp16 or (m := FP16.search(line)) is not None and m.group(1) == "True"
+            bf16 = bf16 or (m := BF16.search(line)) is not None and m.group(1) == "True"
     if not curve:
         raise SystemExit(f"{path}: no validation line (not a fairseq-train log, or it ended before epoch 1)")
     walls, restarted = cumulative_walls(wall_events)
     for point in curve:
         point["wall_seconds"] = walls.get(point["epoch"])
-    if stopped_by is None:  # no stop line: fairseq ran out of epochs, or the log ends inside a run (killed)
-        stopped_by = "max epoch" if seconds is not None else "not finished (no end of training in the log)"
+    stopped_by = stop_reason(lines)
     if restarted:  # "done training in" counts the last run only
         seconds = max(walls.values())
     best = min(curve, key=lambda point: point["loss"])
