@@ -637,14 +637,20 @@ def test_recompute_decoding_refuses_models_that_are_not_bytenet():
         task.build_generator([torch.nn.Linear(1, 1)], argparse.Namespace())
 
 
-def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
-    """fairseq's ``wall`` can start again from 0 when a run resumes: the summary's curve keeps counting, and
-    the total is no longer the last run's "done training in"."""
+def _recipe_summary():
+    """examples/bytenet/summarize.py as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
     summarize = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(summarize)
+    return summarize
+
+
+def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
+    """fairseq's ``wall`` can start again from 0 when a run resumes: the summary's curve keeps counting, and
+    the total is no longer the last run's "done training in"."""
+    summarize = _recipe_summary()
 
     def epoch(n, loss, wall):
         return (f"| INFO | train | epoch {n:03d} | loss 2.5 | ppl 5.6 | wps 800 | num_updates {10 * n} | wall {wall}\n"
@@ -687,11 +693,7 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
 
 
 def test_the_recipe_summary_says_why_each_training_stopped_counting_only_its_last_run(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
+    summarize = _recipe_summary()
     scratch = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
     resumed = "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch 3 @ 20 updates)\n"
     valid = "| INFO | valid | epoch {:03d} | valid on 'valid' subset | loss {} | ppl 4.4 | num_updates 10\n"
@@ -716,11 +718,7 @@ def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(t
     """bytenet_speed.json's one-run bench of ByteNet against the transformer (--baseline-path) goes into the
     summary as its speed ratio (transformer time / ByteNet time) with its runs; a bench of a system against itself
     (the recipe's older bench) is no such comparison."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
+    summarize = _recipe_summary()
     side = {"bleu": 20.0, "sentences_per_s": 2.0, "latency_ms_p50": 400.0, "hypothesis_length": 900,
             "generator": {"description": "beam 12"}}
     versus = {**side, "method": "bytenet", "checkpoint": "/w/bytenet-mt/checkpoints/checkpoint_avg.pt",
@@ -741,11 +739,7 @@ def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(t
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
     fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(REPO, "examples", "bytenet", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
+    summarize = _recipe_summary()
 
     work, raw = tmp_path / "work", tmp_path / "raw"
     (work / "mt-data").mkdir(parents=True)
