@@ -698,7 +698,7 @@ def test_the_recipe_summary_says_why_each_training_stopped_counting_only_its_las
     resumed = "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch 3 @ 20 updates)\n"
     valid = "| INFO | valid | epoch {:03d} | valid on 'valid' subset | loss {} | ppl 4.4 | num_updates 10\n"
     patience = "| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 5 runs\n"
-    time_cap = "| INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 10.1 > stop_time_hours\n"
+    time_cap = "| INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 10.1 > 10.0\n"
     done = "| INFO | fairseq_cli.train | done training in 61.5 seconds\n"
     log = tmp_path / "train.log"
     for text, stopped_by, best in (

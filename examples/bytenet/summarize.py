@@ -6,8 +6,8 @@ systems trained (a language model scored on a device whose checkpoint did not co
 eval-lm.log alone, the parameter count from the log),
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
 languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSONs bytenet_length.json and
-bytenet_speed.json beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length) and bytenet_curves.png
-(validation loss against training time, translation and language models).
+bytenet_speed.json beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length)
+and bytenet_curves.png (validation loss against training time, translation and language models).
 """
 
 import glob
@@ -25,7 +25,8 @@ from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))
-from training_curves import cumulative_walls, stop_reason, wall_event  # noqa: E402  (a script beside this one, stdlib only)
+# (a script beside this one, stdlib only)
+from training_curves import cumulative_walls, stop_reason, wall_event  # noqa: E402
 
 
 def checkpoint_figures(checkpoint: str) -> dict:
@@ -262,7 +263,8 @@ def main(work: str, raw_dir: str, out: str) -> None:
             continue
         result["language_model"][name] = {
             **(checkpoint_figures(checkpoint) if checkpoint else {
-                "evaluated": "checkpoint_avg.pt (where it was trained; not kept)", "parameters": logged_parameters(log)}),
+                "evaluated": "checkpoint_avg.pt (where it was trained; not kept)",
+                "parameters": logged_parameters(log)}),
             "training": training(log),
             "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
         }
