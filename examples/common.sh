@@ -96,18 +96,18 @@ average_last_epochs() {
 }
 
 # Whether the fairseq-train log LOG ends in a stop by --patience of at least PATIENCE validations (since its last
-# start from scratch), said on stderr: re-run, fairseq would resume and train at least one more epoch past the
+# start from scratch or from --finetune-from-model), said on stderr: re-run, fairseq would resume and train at least one more epoch past the
 # plateau, and the recipes' averages of the last epochs would move with it. Every recipe's train stage skips such
 # a training (`stopped_by_patience LOG PATIENCE && continue`).
 stopped_by_patience() {  # LOG PATIENCE
   local stopped
   [[ -f $1 ]] || return 1
-  stopped=$(awk '/No existing checkpoint found/ { n = 0 }
+  stopped=$(awk '/No existing checkpoint found|loading pretrained model from/ { n = 0 }
     /early stop since valid performance hasn.t improved for last [0-9]+ runs/ { n = $(NF - 1) }
     END { print n + 0 }' "$1")
   (( stopped > 0 && stopped >= $2 )) || return 1
   echo "$(basename "$(dirname "$1")"): stopped at its plateau ($stopped validations without a new best; $1):" \
-    "not trained again (a larger --patience trains it on)" >&2
+    "not trained again (a larger PATIENCE trains it on)" >&2
 }
 
 # The N epoch checkpoints of DIR centred on the epoch of the lowest validation loss in LOG (fairseq-train's log,

@@ -175,6 +175,9 @@ def test_the_recipes_know_a_training_that_patience_stopped(tmp_path):
     assert stopped(start + stop.format(5), patience=3)
     assert not stopped(start + stop.format(3)) and not stopped(start) and not stopped(start + stop.format(5) + start)
     assert stopped(start + stop.format(5) + resume)  # a re-run cut short: the plateau stands
+    # started again from another model (--finetune-from-model, its checkpoints deleted): a new training
+    finetune = "| INFO | fairseq.checkpoint_utils | loading pretrained model from base.pt: optimizer, lr scheduler ...\n"
+    assert not stopped(start + stop.format(5) + finetune + resume)
     (tmp_path / "train.log").unlink()
     assert not stopped(None)
 

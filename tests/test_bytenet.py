@@ -754,6 +754,7 @@ def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     (system / "train.log").write_text(
         "| INFO | fairseq_cli.train | num. shared model params: 20,840,712 (num. trained: 20,840,712)\n"
         "| INFO | fairseq.utils | rank   0: capabilities =  9.0  ; total memory = 79.179 GB ; name = NVIDIA H100 80GB HBM3   \n"
+        "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"  # (after the device)
         "| INFO | train | epoch 001 | loss 2.9 | ppl 7.4 | num_updates 124 | wall 16\n"
         "| INFO | valid | epoch 001 | valid on 'valid' subset | loss 2.665 | ppl 6.3 | num_updates 124\n")
     (system / "eval-lm.log").write_text("INFO:fairseq_cli.eval_lm:Loss (base 2): 2.1293, Perplexity: 4.37\n")

@@ -83,7 +83,7 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
     # a row scored on the whole split quotes that BLEU, and says on how many sentences
     assert "| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | 17.00x (17.00-17.00) | 1 | test CPU | 10 (BLEU: 1000) |" \
         in text
-    # forced lengths: no BLEU to quote, the outputs identical
+    # forced lengths: no BLEU to quote, whether the outputs were identical instead
     assert ("| cnn | cached vs recomputed: length 400 (greedy) | - (every output forced to 400 tokens) | "
             "identical outputs | 10.00x (9.09-11.11), spread 20% ! |") in text
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
@@ -104,3 +104,17 @@ def test_the_readme_in_this_repository_is_current_with_docs_results():
     proc = plugins_cli("report", "--readme", "README.md", "--check", cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert os.path.isfile(os.path.join(REPO, "docs", "results", "overview.png"))
+
+
+def test_a_forced_length_bench_quotes_no_bleu():
+    """Every output forced to one length (ByteNet's sweep): BLEU says nothing; the row says whether both sides
+    wrote the same outputs."""
+    from fairseq_plugins.bench.overview import readme_block
+
+    row = result("cnn", "length 200", 0.0, 0.0, 4.0)
+    row["generator"].update(min_len=200, max_len_a=0.0, max_len_b=200)
+    for identical, cell in ((1.0, "identical outputs"), (0.9, "-")):
+        row["stats"] = {"outputs_identical_to_baseline": identical}
+        assert f"| - (every output forced to 200 tokens) | {cell} | 4.00x" in readme_block([("cnn.json", row)])
+    row["generator"].update(max_len_b=300)  # a cap, not a forced length: BLEU as usual
+    assert "| 0.00 (0.00) | +0.00 | 4.00x" in readme_block([("cnn.json", row)])

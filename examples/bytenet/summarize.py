@@ -62,23 +62,26 @@ def training(log_path: str) -> dict:
     its end. fairseq's ``wall`` starts again from 0 in every process: a resumed process counts on from the end of
     the epoch before the one it resumed at (``cumulative_walls``)."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
+        whole = f.read()
+    walls, restarted = cumulative_walls(event for line in whole.splitlines() if (event := wall_event(line)))
+    # The training since its last start from scratch (what an earlier run of the log trained is gone; fairseq
+    # names the device before it looks for a checkpoint, so that is read from the whole log).
+    text = whole[max(whole.rfind("No existing checkpoint found"), 0):]
     valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
-    done = re.search(r"done training in ([\d.]+) seconds", text)
-    walls, restarted = cumulative_walls(event for line in text.splitlines() if (event := wall_event(line)))
+    done = re.findall(r"done training in ([\d.]+) seconds", text)  # the last run's, if it ended
     # An epoch validated twice (cut by a time cap, then finished by the resumed run): its last validation.
     losses = {int(epoch): float(loss)
               for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)}
     curve = [{"epoch": epoch, "valid_loss_base2": loss, "wall_seconds": walls[epoch]}
              for epoch, loss in sorted(losses.items()) if epoch in walls]
     return {
-        "device": training_device(text) or report.device_name(torch.device("cpu")),
+        "device": training_device(whole) or report.device_name(torch.device("cpu")),
         "stopped_by": stop_reason(text.splitlines()),
         "best_epoch": min(losses, key=lambda epoch: (losses[epoch], epoch)) if losses else None,
         "updates": int(valid[-1][1]) if valid else 0,
         "validations": len(valid),
         # (fairseq's "done training in" counts the last run only)
-        "wall_seconds": float(done.group(1)) if done and not restarted else (curve[-1]["wall_seconds"] if curve else None),
+        "wall_seconds": float(done[-1]) if done and not restarted else (curve[-1]["wall_seconds"] if curve else None),
         "valid_loss_base2": [float(loss) for loss, _ in valid],
         "curve": curve,
     }

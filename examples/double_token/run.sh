@@ -5,7 +5,7 @@
 #   train    : the five systems, same architecture (double_token_transformer_multi30k: the baseline's sizes,
 #              learned decoder positions), each warm-started from the baseline's checkpoint
 #              (--double-token-base-checkpoint) and fine-tuned to a plateau of validation loss (with TRAIN_ON=distill:
-#              of greedy validation BLEU, --eval-bleu) (--patience 3,
+#              of greedy validation BLEU, --eval-bleu) (--patience PATIENCE, 3,
 #              at most EPOCHS epochs), same seed and schedule, on the baseline's prepared data; resumes from
 #              checkpoint_last.pt (one that patience stopped is not trained again). A system is ORDER-TOKENS_PER_STEP:
 #                l2r-1 (single-token L2R, stock), r2l-1, l2r-2, r2l-2, bidir-2 (the paper's method)
@@ -26,8 +26,8 @@
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
 #        STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), AVERAGE (5: epoch
-#        checkpoints averaged), EPOCHS (40: a cap;
-#        patience stops earlier), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
+#        checkpoints averaged), EPOCHS (40: a cap; patience stops earlier), PATIENCE (3 validations without a
+#        new best), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench and fast stages), BEAMS_LIMIT (100), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures),
@@ -45,6 +45,7 @@ WORK=${2:-work/double_token}
 STAGES=${STAGES:-train average evaluate bench beams fast ngram summary}
 SYSTEMS=${SYSTEMS:-l2r-1 r2l-1 l2r-2 r2l-2 bidir-2}
 EPOCHS=${EPOCHS:-40}
+PATIENCE=${PATIENCE:-3}
 LR=${LR:-5e-4}
 WARMUP=${WARMUP:-500}
 AVERAGE=${AVERAGE:-5}
@@ -86,7 +87,7 @@ init_flags() {  # SYSTEM: where its weights start (fairseq applies either only w
 
 if stage train; then
   for system in $SYSTEMS; do
-    stopped_by_patience "$WORK/$system/train.log" 3 && continue
+    stopped_by_patience "$WORK/$system/train.log" "$PATIENCE" && continue
     mkdir -p "$WORK/$system"
     # shellcheck disable=SC2046,SC2086  # word splitting of the system's flags and TRAIN_FLAGS is intended
     OMP_NUM_THREADS=${THREADS:-1} record fairseq-train "$(train_bin)" --user-dir "$USER_DIR" $(system_flags "$system") \
@@ -94,7 +95,7 @@ if stage train; then
       --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
       --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --max-tokens 4096 --max-epoch "$EPOCHS" --patience 3 $(plateau_flags) --seed 1 \
+      --max-tokens 4096 --max-epoch "$EPOCHS" --patience "$PATIENCE" $(plateau_flags) --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
       --log-format simple --log-interval 50 ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done

@@ -5,7 +5,7 @@
 #   distill   : the baseline transformer's beam-5 translations of the training set (sequence-level distillation,
 #               shared with the lattice recipe: DISTILL, default work/distill/beam5 beside BASELINE_WORK)
 #   train     : rnn_fc_multi30k variants (SYSTEMS), fairseq-train on the distilled set (TRAIN_ON=raw: the
-#               references) to a plateau of validation loss (--patience 3, EPOCHS a cap), keeping the last
+#               references) to a plateau of validation loss (--patience PATIENCE, 3; EPOCHS a cap), keeping the last
 #               AVERAGE epoch checkpoints; resumes from checkpoint_last.pt, one that patience stopped is not
 #               trained again:
 #                 fc4-tanh  the preset: AttGRU, 4 FC-ReLU layers, FC-tanh top
@@ -47,7 +47,8 @@
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
 #        STAGES, SYSTEMS, MAIN_SYSTEM (fc4-tanh: the system of table1 and versus), TRAIN_ON (distill | raw),
 #        DISTILL, LAYOUT (residual | paper), FINETUNE_LR (3e-4), LIST_TOP, LIST_FREQUENT, EPOCHS (60: a cap; per
-#        system EPOCHS_fc0_tanh ...), AVERAGE (5), THREADS (training threads, 1), WARMUP (150, about one epoch),
+#        system EPOCHS_fc0_tanh ...), PATIENCE (3 validations without a new best), AVERAGE (5), THREADS
+#        (training threads, 1), WARMUP (150, about one epoch),
 #        CLIP_NORM (0: the transformer recipe clips nothing), BENCH_LIMIT (200), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures), TRAIN_FLAGS (extra
 #        fairseq-train flags: --fp16 on a GPU)
@@ -61,6 +62,7 @@ SYSTEMS=${SYSTEMS:-fc4-tanh fc0-tanh fc4-gru fc8-tanh}
 TRAIN_ON=${TRAIN_ON:-distill}
 LAYOUT=${LAYOUT:-residual}
 EPOCHS=${EPOCHS:-60}
+PATIENCE=${PATIENCE:-3}
 AVERAGE=${AVERAGE:-5}
 WARMUP=${WARMUP:-150}
 CLIP_NORM=${CLIP_NORM:-0}
@@ -109,7 +111,7 @@ fi
 
 if stage train; then
   for system in $SYSTEMS; do
-    stopped_by_patience "$WORK/$system/train.log" 3 && continue
+    stopped_by_patience "$WORK/$system/train.log" "$PATIENCE" && continue
     mkdir -p "$WORK/$system"
     # Validation is on the references (the distilled set copies the baseline's valid split).
     flags=$(system_flags "$system")
@@ -119,7 +121,7 @@ if stage train; then
       --rnn-fc-top "$(top_layer "$system")" --rnn-fc-fc-layout "$LAYOUT" --optimizer adam \
       --adam-betas '(0.9, 0.98)' --clip-norm "$CLIP_NORM" --lr 1e-3 --lr-scheduler inverse_sqrt \
       --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --max-tokens 4096 --max-epoch "$(epochs "$system")" --patience 3 --seed 1 \
+      --max-tokens 4096 --max-epoch "$(epochs "$system")" --patience "$PATIENCE" --seed 1 \
       --save-dir "$WORK/$system/checkpoints" --keep-last-epochs "$AVERAGE" \
       --log-format simple --log-interval 50 $flags ${TRAIN_FLAGS:-} 2>&1 | tee -a "$WORK/$system/train.log"
   done
