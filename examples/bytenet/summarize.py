@@ -87,6 +87,9 @@ def training(log_path: str) -> dict:
     }
 
 
+SIDE_FIGURES = ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")  # each side's, of a bench
+
+
 def speed_against_transformer(path: str):
     """ByteNet against the character transformer timed in one run (the bench stage's bytenet_speed.json,
     --baseline-path): the speed ratio (transformer time / ByteNet time) with its runs and flags, and both sides'
@@ -107,9 +110,8 @@ def speed_against_transformer(path: str):
                       "batch (the bench's speed ratio with the transformer as its stock side)",
         "beam": result["beam"], "batch_size": result["batch_size"], "threads": result["threads"],
         "sentences": result["sentences"], "device": result["device"],
-        "bytenet": {key: result[key] for key in ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")},
-        "transformer": {key: result["baseline"][key]
-                        for key in ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")},
+        "bytenet": {key: result[key] for key in SIDE_FIGURES},
+        "transformer": {key: result["baseline"][key] for key in SIDE_FIGURES},
     }
 
 
