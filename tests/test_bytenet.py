@@ -531,6 +531,52 @@ def test_the_recipe_refuses_a_cool_down_whose_starting_checkpoint_is_missing(tmp
     assert "LM_SYSTEMS names bytenet-lm-shallow-anneal, which is not a cool-down of this recipe" in proc.stderr
 
 
+def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_checkpoint(tmp_path):
+    """An MT "-anneal" system restarts its source from checkpoint_best.pt with the learning rate falling linearly
+    from the one saved there to 0; resumed, it keeps the rate it started at (its own checkpoint's --lr), even once
+    the source is gone. Checked with a stand-in fairseq-train that records its arguments."""
+    work, stand_ins, calls = tmp_path / "work", tmp_path / "bin", tmp_path / "calls"
+    best = work / "bytenet-mt" / "checkpoints" / "checkpoint_best.pt"
+    os.makedirs(best.parent)
+    torch.save({"last_optimizer_state": {"param_groups": [{"lr": 3.5e-4}]}}, best)
+    os.makedirs(stand_ins)
+    (stand_ins / "fairseq-train").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    os.chmod(stand_ins / "fairseq-train", 0o755)
+    venv_bin = os.path.dirname(subprocess.run(["bash", "-c", "source examples/tools.sh; command -v fairseq-plugins"],
+                                              cwd=REPO, capture_output=True, text=True).stdout.strip())
+
+    def train_mt(systems):
+        proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
+                               str(tmp_path / "s"), str(work)], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}",
+                                       MT_SYSTEMS=systems, LM_SYSTEMS="", STAGES="train-mt"))
+        last = calls.read_text().splitlines()[-1].split() if calls.exists() else []
+        return proc, {flag: last[len(last) - 1 - last[::-1].index(flag) + 1] for flag in last if flag.startswith("--")}
+
+    proc, flags = train_mt("bytenet-mt-anneal")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert flags["--finetune-from-model"] == str(best) and flags["--arch"] == "bytenet_multi30k_char"
+    # the last --lr and --lr-scheduler are the ones fairseq's parser keeps
+    assert (flags["--lr"], flags["--lr-scheduler"], flags["--end-learning-rate"]) == ("0.00035", "polynomial_decay", "0")
+    assert flags["--total-num-update"] == flags["--max-update"] == "1228"
+    assert flags["--save-dir"] == str(work / "bytenet-mt-anneal" / "checkpoints")
+
+    os.remove(best)
+    os.makedirs(work / "bytenet-mt-anneal" / "checkpoints")
+    torch.save({"cfg": {"optimization": {"lr": [2e-4]}}}, work / "bytenet-mt-anneal" / "checkpoints" / "checkpoint_last.pt")
+    proc, flags = train_mt("bytenet-mt-anneal")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert flags["--lr"] == "0.0002"
+
+    calls.unlink()
+    proc, flags = train_mt("transformer-mt-anneal")  # its source never trained: nothing starts
+    assert proc.returncode == 2 and not calls.exists()
+    assert ("transformer-mt-anneal starts from " + str(work / "transformer-mt" / "checkpoints" / "checkpoint_best.pt")
+            + ", which does not exist: train transformer-mt first (MT_SYSTEMS=transformer-mt)") in proc.stderr
+    proc, _ = train_mt("bytenet-mt-shallow-anneal")
+    assert proc.returncode == 2 and "MT_SYSTEMS names bytenet-mt-shallow-anneal, which is not a cool-down" in proc.stderr
+
+
 def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):
     import json
 
@@ -771,3 +817,34 @@ def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     assert summarize.training(str(system / "train.log"))["curve"] == [
         {"epoch": 1, "valid_loss_base2": 2.665, "wall_seconds": 16}]
     assert (out.parent / "bytenet_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_recipe_summary_counts_a_cool_down_on_from_its_source(tmp_path):
+    """A "-anneal" system's training starts where its source's ended: the summary names the source and its
+    training seconds (the curves plot the cool-down after them)."""
+    summarize = _recipe_summary()
+    work, raw = tmp_path / "work", tmp_path / "raw"
+    (work / "mt-data").mkdir(parents=True)
+    (work / "mt-data" / "prepare.json").write_text('{"version": 1, "source_lang": "en", "target_lang": "de"}')
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.en").write_text("a b\n")
+        (raw / f"{split}.de").write_text("c d\n")
+    (work / "commands.txt").write_text("fairseq-train ...\n")
+    for name, start, wall in (("bytenet-lm-deep", "No existing checkpoint found ckpt/checkpoint_last.pt", 700),
+                              ("bytenet-lm-deep-anneal", "loading pretrained model from ckpt/checkpoint_best.pt", 90)):
+        (work / name).mkdir()
+        (work / name / "train.log").write_text(
+            "| INFO | fairseq_cli.train | num. shared model params: 1,000 (num. trained: 1,000)\n"
+            f"| INFO | fairseq.trainer | {start}\n"
+            f"| INFO | train | epoch 001 | loss 2.9 | ppl 7.4 | num_updates 124 | wall {wall}\n"
+            "| INFO | valid | epoch 001 | valid on 'valid' subset | loss 2.1 | ppl 4.3 | num_updates 124\n")
+        (work / name / "eval-lm.log").write_text("INFO:fairseq_cli.eval_lm:Loss (base 2): 2.1, Perplexity: 4.3\n")
+    out = tmp_path / "results" / "bytenet.json"
+    out.parent.mkdir()
+    summarize.main(str(work), str(raw), str(out))
+    lm = json.loads(out.read_text())["language_model"]
+    assert lm["bytenet-lm-deep-anneal"]["training"]["cool_down_of"] == "bytenet-lm-deep"
+    assert lm["bytenet-lm-deep-anneal"]["training"]["source_wall_seconds"] == 700
+    assert lm["bytenet-lm-deep-anneal"]["training"]["curve"][0]["wall_seconds"] == 90
+    assert "cool_down_of" not in lm["bytenet-lm-deep"]["training"]

@@ -4,7 +4,8 @@
 #
 #   prepare  : character-level Multi30k en->de (SRC->TGT; fairseq-plugins prepare --char) and Tiny Shakespeare
 #              (fairseq-plugins prepare-lm)
-#   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each
+#   train-mt : bytenet_multi30k_char and a character transformer with as many parameters, MT_MINUTES each; then
+#              their "-anneal" cool-downs from their best checkpoints (MT_ANNEAL_UPDATES, 1228)
 #   train-lm : bytenet_lm_shakespeare, a transformer_lm with as many parameters and a nanoGPT-sized one (the
 #              reference character model: 6 layers, 384-d, dropout 0.2), LM_MINUTES each; then the "-anneal"
 #              cool-downs of the deep ByteNets from their best checkpoints (ANNEAL_UPDATES, 372)
@@ -17,7 +18,7 @@
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
 #              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; ByteNet against the character
 #              transformer (--baseline-path) on the test split, both with the stock generator, in one run:
-#              RESULTS/bytenet_speed.json
+#              RESULTS/bytenet_speed.json (each system's cool-down where MT_SYSTEMS names it)
 #   saliency : the paper's Fig. 6 for the first test pair, RESULTS/bytenet_saliency.{png,json}
 #   summary  : RESULTS/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
@@ -29,7 +30,7 @@
 #        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
 #        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
-#        MT_SYSTEMS ("bytenet-mt transformer-mt"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
+#        MT_SYSTEMS ("bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
 #        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
 #        transformer-lm nanogpt-lm bytenet-lm-deep-anneal
 #        bytenet-lm-deep-reg-anneal"; empty: none of that kind; one system alone where only one core is free: a
@@ -96,11 +97,15 @@ LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --d
   --decoder-attention-heads 6 --share-decoder-input-output-embed --dropout 0.2)
 
 train_together() {  # NAME...: the "$WORK/<name>" runs started together (THREADS each), waited for together
-  local pids=()
+  local pids=() lr
   for name in "$@"; do
     stopped_by_patience "$WORK/$name/train.log" "$PATIENCE" && continue
     mkdir -p "$WORK/$name"
     eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
+    if [[ $name == *-anneal ]]; then
+      lr=$(cool_down_lr "$name")  # (a failure stops the recipe: set -e)
+      flags+=(--lr "$lr")
+    fi
     OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$name/checkpoints" \
       >> "$WORK/$name/train.log" 2>&1 &  # appended: a re-run resumes
     pids+=($!)
@@ -141,22 +146,70 @@ bytenet_lm_wide_FLAGS=("${bytenet_lm_FLAGS[@]}" --decoder-embed-dim 384 --decode
 # the wide model had early (ahead of the deep one by epoch 4) held longer. Sized for the GPU kit's bytenet stage.
 bytenet_lm_deep_wide_FLAGS=("${bytenet_lm_wide_FLAGS[@]}" --decoder-blocks 20 --dropout 0.4)
 bytenet_lm_deep_wide_d50_FLAGS=("${bytenet_lm_deep_wide_FLAGS[@]}" --dropout 0.5)
-# Cool-down ("-anneal" systems): both deep models overfit Tiny Shakespeare's 1M characters under inverse_sqrt's slow
-# decay, so each is restarted from its best checkpoint (fresh Adam moments, 12 warm-up updates) and its learning
-# rate falls linearly from inverse_sqrt's value there (update 868 of both: 3.39e-4; a re-run whose best lands
-# elsewhere needs 1e-3 * sqrt(100 / update) there) to 0 over ANNEAL_UPDATES (372: 3 epochs of 124 batches).
-# They need their source run's checkpoint, so they train after the others.
+# Cool-down ("-anneal" systems): inverse_sqrt's learning rate falls ever more slowly, so a training stopped by
+# patience or by its time cap has not settled; each cool-down restarts its source run from its best checkpoint
+# (fresh Adam moments, 12 warm-up updates) with the learning rate falling linearly from the one it had there to 0
+# over UPDATES: ANNEAL_UPDATES for the LMs (372: 3 epochs of 124 batches), MT_ANNEAL_UPDATES for the MT pair
+# (1228: 2 epochs of 614 batches). The starting rate is read from that checkpoint when the cool-down starts
+# (cool_down_lr), so a cool-down needs its source trained first: they train after the others.
 ANNEAL_UPDATES=${ANNEAL_UPDATES:-372}
-anneal_flags() {  # SOURCE LR: the cool-down of $WORK/SOURCE from its best checkpoint at LR
+MT_ANNEAL_UPDATES=${MT_ANNEAL_UPDATES:-1228}
+anneal_flags() {  # SOURCE UPDATES: the cool-down of $WORK/SOURCE from its best checkpoint over UPDATES (no --lr)
   ANNEAL_FLAGS=(--finetune-from-model "$WORK/$1/checkpoints/checkpoint_best.pt" --lr-scheduler polynomial_decay
-    --lr "$2" --power 1 --end-learning-rate 0 --warmup-updates 12 --total-num-update "$ANNEAL_UPDATES"
-    --max-update "$ANNEAL_UPDATES")
+    --power 1 --end-learning-rate 0 --warmup-updates 12 --total-num-update "$2" --max-update "$2")
 }
-anneal_flags bytenet-lm-deep 3.4e-4
+anneal_flags bytenet-lm-deep "$ANNEAL_UPDATES"
 bytenet_lm_deep_anneal_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
-anneal_flags bytenet-lm-deep-reg 3.4e-4
+anneal_flags bytenet-lm-deep-reg "$ANNEAL_UPDATES"
 bytenet_lm_deep_reg_anneal_FLAGS=("${bytenet_lm_deep_reg_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
-MT_SYSTEMS=${MT_SYSTEMS-bytenet-mt transformer-mt}
+anneal_flags bytenet-mt "$MT_ANNEAL_UPDATES"
+bytenet_mt_anneal_FLAGS=("${bytenet_mt_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
+anneal_flags transformer-mt "$MT_ANNEAL_UPDATES"
+transformer_mt_anneal_FLAGS=("${transformer_mt_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
+cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
+  eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
+  local i
+  for i in "${!flags[@]}"; do
+    if [[ ${flags[$i]} == --finetune-from-model ]]; then echo "${flags[$((i + 1))]}"; fi
+  done
+}
+# The learning rate a cool-down NAME starts at: the one its source's optimiser had in the checkpoint it starts
+# from; a resumed cool-down keeps the one it started at (its own checkpoint's --lr: the source may be gone).
+cool_down_lr() {  # NAME
+  python - "$WORK/$1/checkpoints/checkpoint_last.pt" "$(cool_down_start "$1")" <<'EOF'
+import os, sys
+
+import torch
+
+resumed, start = sys.argv[1:]
+if os.path.isfile(resumed):
+    print(torch.load(resumed, map_location="cpu", weights_only=False)["cfg"]["optimization"]["lr"][0])
+else:
+    print(torch.load(start, map_location="cpu", weights_only=False)["last_optimizer_state"]["param_groups"][0]["lr"])
+EOF
+}
+# SYSTEMS_VAR NAME...: the systems trained from scratch, then the cool-downs (each checked before anything starts:
+# it needs its source's best checkpoint, or its source among those trained first here, or its own checkpoint).
+train_with_cool_downs() {
+  local list=$1 from_scratch=() cool_downs=() name start source_system
+  shift
+  for name in "$@"; do
+    if [[ $name == *-anneal ]]; then cool_downs+=("$name"); else from_scratch+=("$name"); fi
+  done
+  for name in "${cool_downs[@]}"; do
+    start=$(cool_down_start "$name")
+    [[ -n $start ]] || { echo "run.sh: $list names $name, which is not a cool-down of this recipe" >&2; exit 2; }
+    source_system=${start#"$WORK/"}; source_system=${source_system%%/*}
+    # A cool-down that already saved a checkpoint resumes from it and no longer needs its source; one whose
+    # source trains first in this same run finds it once that training ends.
+    [[ -f $WORK/$name/checkpoints/checkpoint_last.pt || -f $start || " ${from_scratch[*]} " == *" $source_system "* ]] || {
+      echo "run.sh: $name starts from $start, which does not exist: train $source_system first" \
+        "($list=$source_system)" >&2; exit 2; }
+  done
+  if (( ${#from_scratch[@]} )); then train_systems "${from_scratch[@]}"; fi
+  if (( ${#cool_downs[@]} )); then train_systems "${cool_downs[@]}"; fi
+}
+MT_SYSTEMS=${MT_SYSTEMS-bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal}
 LM_SYSTEMS=${LM_SYSTEMS-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
   bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50 transformer-lm nanogpt-lm
   bytenet-lm-deep-anneal bytenet-lm-deep-reg-anneal}
@@ -166,33 +219,12 @@ final_checkpoint() {
   [[ -f $dir/checkpoint_avg.pt ]] && echo "$dir/checkpoint_avg.pt" || echo "$dir/checkpoint_best.pt"
 }
 # shellcheck disable=SC2086  # lists of names
-if stage train-mt; then train_systems $MT_SYSTEMS; fi
-cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
-  eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
-  local i
-  for i in "${!flags[@]}"; do
-    if [[ ${flags[$i]} == --finetune-from-model ]]; then echo "${flags[$((i + 1))]}"; fi
-  done
-}
-if stage train-lm; then
-  from_scratch=() cool_downs=()
-  # shellcheck disable=SC2086  # a list of names
-  for name in $LM_SYSTEMS; do
-    if [[ $name == *-anneal ]]; then cool_downs+=("$name"); else from_scratch+=("$name"); fi
-  done
-  for name in "${cool_downs[@]}"; do  # checked before anything starts
-    start=$(cool_down_start "$name")
-    [[ -n $start ]] || { echo "run.sh: LM_SYSTEMS names $name, which is not a cool-down of this recipe" >&2; exit 2; }
-    source_system=${start#"$WORK/"}; source_system=${source_system%%/*}
-    # A cool-down that already saved a checkpoint resumes from it and no longer needs its source; one whose
-    # source trains first in this same run finds it once that training ends.
-    [[ -f $WORK/$name/checkpoints/checkpoint_last.pt || -f $start || " ${from_scratch[*]} " == *" $source_system "* ]] || {
-      echo "run.sh: $name starts from $start, which does not exist: train $source_system first" \
-        "(LM_SYSTEMS=$source_system)" >&2; exit 2; }
-  done
-  if (( ${#from_scratch[@]} )); then train_systems "${from_scratch[@]}"; fi
-  if (( ${#cool_downs[@]} )); then train_systems "${cool_downs[@]}"; fi
-fi
+if stage train-mt; then train_with_cool_downs MT_SYSTEMS $MT_SYSTEMS; fi
+# shellcheck disable=SC2086
+if stage train-lm; then train_with_cool_downs LM_SYSTEMS $LM_SYSTEMS; fi
+# The ByteNet or the transformer (KIND: bytenet-mt, transformer-mt) that the bench and saliency stages use: its
+# cool-down where MT_SYSTEMS names it.
+mt_system() { [[ " $MT_SYSTEMS " == *" $1-anneal "* ]] && echo "$1-anneal" || echo "$1"; }
 if stage average; then
   for name in $MT_SYSTEMS $LM_SYSTEMS; do
     [[ -d $WORK/$name/checkpoints ]] && average_epochs_around_best "$WORK/$name/checkpoints" "$WORK/$name/train.log" "$AVERAGE" \
@@ -230,7 +262,7 @@ if stage bench; then
   rm -f "$LENGTH_JSON"
   for length in ${LENGTHS:-100 200 400 800}; do
     decoding=$([[ $length -le ${RECOMPUTE_MAX:-400} ]] && echo recompute || echo cached)
-    record fairseq-plugins bench --method bytenet --path "$(final_checkpoint bytenet-mt)" \
+    record fairseq-plugins bench --method bytenet --path "$(final_checkpoint "$(mt_system bytenet-mt)")" \
       --data "$WORK/mt-data" --device "$DEVICE" --threads "$THREADS" --batch-size 1 --beam 1 \
       --limit "${LENGTH_LIMIT:-10}" --runs "${LENGTH_RUNS:-3}" --warmup 1 --latency-limit 0 --no-whole-split-bleu \
       --min-len "$length" --max-len-a 0 --max-len-b "$length" --bytenet-decoding "$decoding" \
@@ -240,9 +272,9 @@ if stage bench; then
   # batch: both with the stock generator (ByteNet's cached decoding), beam BEAM, one sentence at a time; the
   # speed ratio is transformer time / ByteNet time (BLEU on the timed sentences; evaluate-mt scores the whole split).
   # The JSON is written whole once the bench ends (no --append): a failed bench leaves the last one in place.
-  if [[ " $MT_SYSTEMS " == *" transformer-mt "* ]]; then
-    record fairseq-plugins bench --method bytenet --path "$(final_checkpoint bytenet-mt)" \
-      --baseline-path "$(final_checkpoint transformer-mt)" --data "$WORK/mt-data" --device "$DEVICE" \
+  if [[ " $MT_SYSTEMS " =~ \ transformer-mt(-anneal)?\  ]]; then
+    record fairseq-plugins bench --method bytenet --path "$(final_checkpoint "$(mt_system bytenet-mt)")" \
+      --baseline-path "$(final_checkpoint "$(mt_system transformer-mt)")" --data "$WORK/mt-data" --device "$DEVICE" \
       --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 --max-len-a 1.5 --max-len-b 10 \
       --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "ByteNet vs the character transformer, beam $BEAM" \
       --no-whole-split-bleu --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json"
@@ -251,7 +283,7 @@ fi
 
 if stage saliency; then
   # The first pair of the test split, from prepare's copy of it (Multi30k's test_2016_flickr).
-  record fairseq-plugins saliency --path "$(final_checkpoint bytenet-mt)" --data "$WORK/mt-data" \
+  record fairseq-plugins saliency --path "$(final_checkpoint "$(mt_system bytenet-mt)")" --data "$WORK/mt-data" \
     --source "$(head -n 1 "$WORK/mt-data/raw/test.$SRC")" --target "$(head -n 1 "$WORK/mt-data/raw/test.$TGT")" \
     --output "$RESULTS/bytenet_saliency.png" --json "$RESULTS/bytenet_saliency.json"
 fi

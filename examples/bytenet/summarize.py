@@ -200,7 +200,8 @@ def plot_length(summary: dict, path: str) -> None:
 
 def plot_curves(result: dict, path: str) -> None:
     """Validation loss (base 2) against training time, one panel for the translation systems and one for the
-    language models: each point an epoch's end, at fairseq's training seconds counted across resumes."""
+    language models: each point an epoch's end, at fairseq's training seconds counted across resumes (a cool-down's
+    after its source's)."""
     panels = [(title, systems) for title, systems in (
         ("character MT (Multi30k en-de valid)", result["translation"]),
         ("character LM (Tiny Shakespeare valid)", result["language_model"])) if any(
@@ -211,9 +212,9 @@ def plot_curves(result: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
     for ax, (title, systems) in zip(axes[0], panels):
         for name, system in systems.items():
-            curve = system["training"]["curve"]
+            curve, start = system["training"]["curve"], system["training"].get("source_wall_seconds") or 0
             if curve:
-                ax.plot([point["wall_seconds"] / 3600 for point in curve],
+                ax.plot([(start + point["wall_seconds"]) / 3600 for point in curve],
                         [point["valid_loss_base2"] for point in curve], "o-", markersize=3,
                         label=f"{name} ({system['training']['device']})")
         ax.set_xlabel("training time (hours)")
@@ -233,6 +234,7 @@ def test_split_references(work: str, raw_dir: str) -> (str, list):
     return os.path.basename(prefix), read_lines(f"{prefix}.{manifest['target_lang']}")
 
 
+MT_SYSTEMS = ("bytenet-mt", "transformer-mt", "bytenet-mt-anneal", "transformer-mt-anneal")
 LM_SYSTEMS = ("bytenet-lm", "bytenet-lm-d25", "bytenet-lm-deep", "bytenet-lm-deep-reg", "bytenet-lm-deep-layerdrop",
               "bytenet-lm-deep-512", "bytenet-lm-wide", "bytenet-lm-deep-wide", "bytenet-lm-deep-wide-d50",
               "bytenet-lm-deep-anneal", "bytenet-lm-deep-reg-anneal", "transformer-lm", "nanogpt-lm")
@@ -251,7 +253,7 @@ def final_checkpoint(work: str, name: str):
 def main(work: str, raw_dir: str, out: str) -> None:
     test_name, references = test_split_references(work, raw_dir)
     result = {"translation": {}, "language_model": {}}
-    for name in ("bytenet-mt", "transformer-mt"):
+    for name in MT_SYSTEMS:
         if final_checkpoint(work, name) is None:
             continue  # not trained (yet)
         system = {**checkpoint_figures(final_checkpoint(work, name)), "training": training(f"{work}/{name}/train.log")}
@@ -273,6 +275,12 @@ def main(work: str, raw_dir: str, out: str) -> None:
             "training": training(log),
             "valid_bits_per_character": bits_per_character(f"{work}/{name}/eval-lm.log"),
         }
+    for systems in result.values():  # a cool-down ("-anneal") trains on from its source's time
+        for name, system in systems.items():
+            source = systems.get(name[:-len("-anneal")]) if name.endswith("-anneal") else None
+            if source:
+                system["training"].update(cool_down_of=name[:-len("-anneal")],
+                                          source_wall_seconds=source["training"]["wall_seconds"])
     results_dir = os.path.dirname(out) or "."
     result["length_scaling"] = length_scaling(os.path.join(results_dir, "bytenet_length.json"))
     result["speed_against_transformer"] = speed_against_transformer(os.path.join(results_dir, "bytenet_speed.json"))
