@@ -26,7 +26,7 @@ from fairseq_plugins.common.textio import atomic_output, read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))
 # (a script beside this one, stdlib only)
-from training_curves import cumulative_walls, stop_reason, wall_event  # noqa: E402
+from training_curves import read_log  # noqa: E402
 
 
 def checkpoint_figures(checkpoint: str) -> dict:
@@ -50,39 +50,23 @@ def logged_parameters(log_path: str):
     return int(match.group(1).replace(",", "")) if match else None
 
 
-def training_device(log_text: str):
-    """The GPU fairseq-train names in its log ("rank 0: ... name = NVIDIA H100 ..."), None for a CPU training."""
-    match = re.search(r"rank +0: .*name = (.+?) *$", log_text, re.MULTILINE)
-    return match.group(1) if match else None
-
-
 def training(log_path: str) -> dict:
-    """Updates, validations, wall-clock time and the validation curve from a fairseq-train log (--log-format
-    simple; a resumed run's log appended): per epoch its validation loss and the seconds of training so far at
-    its end. fairseq's ``wall`` starts again from 0 in every process: a resumed process counts on from the end of
-    the epoch before the one it resumed at (``cumulative_walls``)."""
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        whole = f.read()
-    walls, restarted = cumulative_walls(event for line in whole.splitlines() if (event := wall_event(line)))
-    # The training since its last start from scratch (what an earlier run of the log trained is gone; fairseq
-    # names the device before it looks for a checkpoint, so that is read from the whole log).
-    text = whole[max(whole.rfind("No existing checkpoint found"), 0):]
-    valid = re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", text)
-    done = re.findall(r"done training in ([\d.]+) seconds", text)  # the last run's, if it ended
-    # An epoch validated twice (cut by a time cap, then finished by the resumed run): its last validation.
-    losses = {int(epoch): float(loss)
-              for epoch, loss in re.findall(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)", text)}
-    curve = [{"epoch": epoch, "valid_loss_base2": loss, "wall_seconds": walls[epoch]}
-             for epoch, loss in sorted(losses.items()) if epoch in walls]
+    """Updates, validations, wall-clock time and the validation curve of a fairseq-train log (``read_log``'s
+    record of it: the training since its last start from scratch, a resumed run's log appended): per epoch its
+    validation loss and the seconds of training so far at its end, counted across resumes."""
+    record = read_log(log_path)
+    curve = [{"epoch": point["epoch"], "valid_loss_base2": point["loss"], "wall_seconds": point["wall_seconds"]}
+             for point in record["curve"] if point["wall_seconds"] is not None]
     return {
-        "device": training_device(whole) or report.device_name(torch.device("cpu")),
-        "stopped_by": stop_reason(text.splitlines()),
-        "best_epoch": min(losses, key=lambda epoch: (losses[epoch], epoch)) if losses else None,
-        "updates": int(valid[-1][1]) if valid else 0,
-        "validations": len(valid),
-        # (fairseq's "done training in" counts the last run only)
-        "wall_seconds": float(done[-1]) if done and not restarted else (curve[-1]["wall_seconds"] if curve else None),
-        "valid_loss_base2": [float(loss) for loss, _ in valid],
+        # (a GPU training's log names its device; a CPU training ran here, on this project's machines)
+        "device": record["device"].get("name") if "capability" in record["device"]
+        else report.device_name(torch.device("cpu")),
+        "stopped_by": record["stopped_by"],
+        "best_epoch": record["best_epoch"],
+        "updates": record["updates"] or 0,
+        "validations": len(record["validations"]),
+        "wall_seconds": record["train_seconds"],
+        "valid_loss_base2": [validation["loss"] for validation in record["validations"]],
         "curve": curve,
     }
 

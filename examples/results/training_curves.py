@@ -12,7 +12,8 @@ import re
 import sys
 
 # (fairseq's cross_entropy criterion logs no nll_loss: a language model's log has none)
-VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)(?: \| nll_loss ([\d.]+))?")
+VALID = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)(?: \| nll_loss ([\d.]+))?"
+                   r"(?:.*?\| num_updates (\d+))?")
 DEVICE = re.compile(r"rank +\d+: capabilities = +([\d.]+) +; total memory = ([\d.]+) GB ; name = (.+?)\s*$")
 TRAIN_WALL = re.compile(r"\| train \| epoch (\d+) \|.*?\| wall (\d+)")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
@@ -86,7 +87,12 @@ def stop_reason(lines) -> str:
 
 
 def read_log(path: str) -> dict:
-    curve, device, seconds, fp16, bf16 = [], None, None, False, False
+    """A fairseq-train log's record (--log-format simple; a resumed run's log appended): the training since its
+    last start from scratch (what an earlier run of the log trained is gone), the device from the whole log
+    (fairseq names it before it looks for a checkpoint). ``validations`` lists every validation in order, an epoch
+    validated twice (cut by a time cap, then finished by the resumed run) included; ``curve`` keeps an epoch's
+    last."""
+    curve, validations, device, seconds, fp16, bf16 = [], [], None, None, False, False
     wall_events = []  # process starts and epoch ends, in log order
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
@@ -96,8 +102,12 @@ def read_log(path: str) -> dict:
             curve = [point for point in curve if point["epoch"] < epoch]  # a resumed run repeats epochs
             curve.append({"epoch": epoch, "loss": float(m.group(2)),
                           "nll_loss": float(m.group(3)) if m.group(3) else None})
+            validations.append({"epoch": epoch, "loss": float(m.group(2)),
+                                "num_updates": int(m.group(4)) if m.group(4) else None})
         elif event := wall_event(line):
             wall_events.append(event)
+            if event == ("start", None):  # from scratch
+                curve, validations, seconds = [], [], None
         elif m := DEVICE.search(line):
             device = {"name": m.group(3), "capability": m.group(1), "memory_gb": float(m.group(2))}
         elif m := DONE.search(line):
@@ -111,13 +121,13 @@ def read_log(path: str) -> dict:
     for point in curve:
         point["wall_seconds"] = walls.get(point["epoch"])
     stopped_by = stop_reason(lines)
-    if restarted:  # "done training in" counts the last run only
-        seconds = max(walls.values())
+    if restarted or seconds is None:  # "done training in" counts the last run only, once it ended
+        seconds = max(walls.values(), default=None)
     best = min(curve, key=lambda point: point["loss"])
     return {"log": path, "device": device or {"name": "cpu"}, "precision": "fp16" if fp16 else "bf16" if bf16 else
             "fp32", "epochs": curve[-1]["epoch"], "best_epoch": best["epoch"], "best_valid_loss": best["loss"],
             "best_valid_nll_loss": best["nll_loss"], "train_seconds": seconds, "stopped_by": stopped_by,
-            "curve": curve}
+            "updates": validations[-1]["num_updates"], "validations": validations, "curve": curve}
 
 
 def _three(value) -> str:
