@@ -63,6 +63,14 @@ def plugins_cli(*args, **kwargs):
 
 # --- untrained models: a dictionary, the task stand-in build_model needs, random source batches ---------------
 
+def recipe_bin():
+    """The directory of the commands the recipes run (where examples/tools.sh finds fairseq-plugins: the venv's
+    bin), to put on PATH after a test's stand-ins."""
+    found = subprocess.run(["bash", "-c", "source examples/tools.sh; command -v fairseq-plugins"], cwd=REPO,
+                           capture_output=True, text=True, check=True)
+    return os.path.dirname(found.stdout.strip())
+
+
 def word_dictionary(size=30):
     """A fairseq Dictionary of the words w0 .. w{size-1} (after the four special symbols)."""
     from fairseq.data import Dictionary

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import REPO, plugins_cli
+from conftest import REPO, plugins_cli, recipe_bin
 
 
 def _shifted_copy(source: str, target: str, shift: float) -> None:
@@ -216,8 +216,7 @@ def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path)
         f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --save-dir ] && echo "$2" >> {calls}; shift; done\n')
     os.chmod(stand_ins / "fairseq-train", 0o755)
     paths = {"BASE": base, "WORK": work, "MULTI30K": tmp_path / "m", "SHAKESPEARE": tmp_path / "s"}
-    venv_bin = os.path.dirname(subprocess.run(["bash", "-c", "source examples/tools.sh; command -v fairseq-plugins"],
-                                              cwd=REPO, capture_output=True, text=True).stdout.strip())
+    venv_bin = recipe_bin()
     proc = subprocess.run(["bash", os.path.join(REPO, "examples", recipe, "run.sh")] + [str(paths[a]) for a in args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}", **env))

@@ -12,7 +12,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from conftest import REPO, TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, run
+from conftest import REPO, TRAIN_THREADS, USER_DIR, DictionaryTask, plugins_cli, recipe_bin, run
 from fairseq_plugins.bytenet import model as bytenet_model
 from fairseq_plugins.bytenet.layers import DilatedConv1d
 from fairseq_plugins.common.textio import InputError
@@ -542,8 +542,7 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
     os.makedirs(stand_ins)
     (stand_ins / "fairseq-train").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     os.chmod(stand_ins / "fairseq-train", 0o755)
-    venv_bin = os.path.dirname(subprocess.run(["bash", "-c", "source examples/tools.sh; command -v fairseq-plugins"],
-                                              cwd=REPO, capture_output=True, text=True).stdout.strip())
+    venv_bin = recipe_bin()
 
     def train_mt(systems):
         proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
@@ -782,11 +781,9 @@ def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(t
     assert summarize.speed_against_transformer(str(tmp_path / "missing.json")) is None
 
 
-def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
-    """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
-    fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""
-    summarize = _recipe_summary()
-
+def _summary_work(tmp_path):
+    """A recipe WORK with prepared-data languages and commands, and the RAW_DIR of a one-line corpus: what the
+    summary needs besides the systems' own files."""
     work, raw = tmp_path / "work", tmp_path / "raw"
     (work / "mt-data").mkdir(parents=True)
     (work / "mt-data" / "prepare.json").write_text('{"version": 1, "source_lang": "en", "target_lang": "de"}')
@@ -795,6 +792,15 @@ def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
         (raw / f"{split}.en").write_text("a b\n")
         (raw / f"{split}.de").write_text("c d\n")
     (work / "commands.txt").write_text("fairseq-train ...\n")
+    return work, raw
+
+
+def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
+    """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
+    fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""
+    summarize = _recipe_summary()
+
+    work, raw = _summary_work(tmp_path)
     system = work / "bytenet-lm-deep-wide"
     system.mkdir()
     (system / "train.log").write_text(
@@ -823,14 +829,7 @@ def test_the_recipe_summary_counts_a_cool_down_on_from_its_source(tmp_path):
     """A "-anneal" system's training starts where its source's ended: the summary names the source and its
     training seconds (the curves plot the cool-down after them)."""
     summarize = _recipe_summary()
-    work, raw = tmp_path / "work", tmp_path / "raw"
-    (work / "mt-data").mkdir(parents=True)
-    (work / "mt-data" / "prepare.json").write_text('{"version": 1, "source_lang": "en", "target_lang": "de"}')
-    raw.mkdir()
-    for split in ("train", "valid", "test"):
-        (raw / f"{split}.en").write_text("a b\n")
-        (raw / f"{split}.de").write_text("c d\n")
-    (work / "commands.txt").write_text("fairseq-train ...\n")
+    work, raw = _summary_work(tmp_path)
     for name, start, wall in (("bytenet-lm-deep", "No existing checkpoint found ckpt/checkpoint_last.pt", 700),
                               ("bytenet-lm-deep-anneal", "loading pretrained model from ckpt/checkpoint_best.pt", 90)):
         (work / name).mkdir()
