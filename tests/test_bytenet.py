@@ -548,7 +548,8 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
         proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
                                str(tmp_path / "s"), str(work)], capture_output=True, text=True, timeout=120,
                               env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}",
-                                       MT_SYSTEMS=systems, LM_SYSTEMS="", STAGES="train-mt"))
+                                       MT_SYSTEMS=systems, LM_SYSTEMS="", STAGES="train-mt",
+                                       TRAIN_POLL_SECONDS="0.1"))
         last = calls.read_text().splitlines()[-1].split() if calls.exists() else []
         return proc, {flag: last[len(last) - 1 - last[::-1].index(flag) + 1] for flag in last if flag.startswith("--")}
 
@@ -574,6 +575,73 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
             + ", which does not exist: train transformer-mt first (MT_SYSTEMS=transformer-mt)") in proc.stderr
     proc, _ = train_mt("bytenet-mt-shallow-anneal")
     assert proc.returncode == 2 and "MT_SYSTEMS names bytenet-mt-shallow-anneal, which is not a cool-down" in proc.stderr
+
+
+def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together: str = "2"):
+    """examples/bytenet/run.sh's train-mt stage with a stand-in fairseq-train (``script``, sh, given its
+    system's name as $name and the event log as $events), both sources' best checkpoints in place for the
+    cool-downs' learning rates. The recipe's result and the events ("start NAME", "end NAME") in order."""
+    work, stand_ins, events = tmp_path / "work", tmp_path / "bin", tmp_path / "events"
+    for source in ("bytenet-mt", "transformer-mt"):
+        os.makedirs(work / source / "checkpoints", exist_ok=True)
+        torch.save({"last_optimizer_state": {"param_groups": [{"lr": 3e-4}]}},
+                   work / source / "checkpoints" / "checkpoint_best.pt")
+    os.makedirs(stand_ins, exist_ok=True)
+    (stand_ins / "fairseq-train").write_text(
+        '#!/bin/sh\nfor last; do :; done\nname=$(basename "$(dirname "$last")")\n'
+        f'events={events}\necho "start $name" >> "$events"\n{script}\nstatus=$?\necho "end $name" >> "$events"\n'
+        'exit $status\n')
+    os.chmod(stand_ins / "fairseq-train", 0o755)
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "bytenet", "run.sh"), str(tmp_path / "m"),
+                           str(tmp_path / "s"), str(work)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PATH=f"{stand_ins}:{recipe_bin()}:{os.environ['PATH']}",
+                                   MT_SYSTEMS=systems, LM_SYSTEMS="", STAGES="train-mt", TOGETHER=together,
+                                   TRAIN_POLL_SECONDS="0.1"))
+    return proc, events.read_text().splitlines() if events.exists() else []
+
+
+def _most_at_once(events):
+    running, most = 0, 0
+    for event in events:
+        running += 1 if event.startswith("start ") else -1
+        most = max(most, running)
+    return most
+
+
+def test_a_cool_down_starts_as_soon_as_its_source_ends_while_the_other_trains_on(tmp_path):
+    """Two places (TOGETHER=2): ByteNet's training ends first, and its cool-down takes its place while the
+    transformer trains on (which here waits for that start, so the test does not race the clock); the
+    transformer's cool-down starts only once the transformer has ended."""
+    wait_for_the_bytenet_cool_down = (
+        'if [ "$name" = transformer-mt ]; then i=0; while ! grep -qx "start bytenet-mt-anneal" "$events" '
+        '&& [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; fi')
+    proc, events = _recipe_with_stand_in_training(
+        tmp_path, wait_for_the_bytenet_cool_down, "bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert events.index("start bytenet-mt-anneal") < events.index("end transformer-mt")
+    assert events.index("end bytenet-mt") < events.index("start bytenet-mt-anneal")
+    assert events.index("end transformer-mt") < events.index("start transformer-mt-anneal")
+    assert sorted(events) == sorted(f"{kind} {name}" for kind in ("start", "end") for name in
+                                    ("bytenet-mt", "transformer-mt", "bytenet-mt-anneal", "transformer-mt-anneal"))
+    assert _most_at_once(events) == 2
+    # one place: in the order given, a cool-down after its source
+    proc, events = _recipe_with_stand_in_training(tmp_path / "one", "", "bytenet-mt-anneal bytenet-mt transformer-mt",
+                                                  together="1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [e for e in events if e.startswith("start")] == ["start bytenet-mt", "start transformer-mt",
+                                                            "start bytenet-mt-anneal"]
+    assert _most_at_once(events) == 1
+
+
+def test_a_failed_training_starts_nothing_more_and_stops_the_recipe_naming_its_log(tmp_path):
+    fail_bytenet = 'if [ "$name" = bytenet-mt ]; then exit 1; fi; sleep 1'
+    proc, events = _recipe_with_stand_in_training(
+        tmp_path, fail_bytenet, "bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal")
+    assert proc.returncode == 1
+    log = tmp_path / "work" / "bytenet-mt" / "train.log"
+    assert f"run.sh: the training of bytenet-mt failed: see {log}" in proc.stderr
+    assert events[-1] == "end transformer-mt"  # waited for, not left running
+    assert not any(event.startswith("start") and event.endswith("-anneal") for event in events)
 
 
 def test_saliency_of_the_copy_model_puts_each_word_on_its_source_word(copy_model, tmp_path):

@@ -35,7 +35,8 @@
 #        transformer-lm nanogpt-lm bytenet-lm-deep-anneal
 #        bytenet-lm-deep-reg-anneal"; empty: none of that kind; one system alone where only one core is free: a
 #        later run of the other gives it the same budget), TOGETHER (2): how many trainings run side by side
-#        (THREADS each; 0: all at once, as the GPU kit runs them); a training that patience stopped is not re-run,
+#        (THREADS each; 0: all at once, as the GPU kit runs them; a cool-down starts at the first free place once its
+#        source has ended, TRAIN_POLL_SECONDS (5) apart at most); a training that patience stopped is not re-run,
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
 #        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings before
 #        TRAIN_FLAGS (a flag in both: TRAIN_FLAGS' value wins; the GPU kit's bytenet stage sets larger MT batches)
@@ -96,25 +97,65 @@ LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256
 LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --decoder-ffn-embed-dim 1536
   --decoder-attention-heads 6 --share-decoder-input-output-embed --dropout 0.2)
 
-train_together() {  # NAME...: the "$WORK/<name>" runs started together (THREADS each), waited for together
-  local pids=() lr
-  for name in "$@"; do
-    stopped_by_patience "$WORK/$name/train.log" "$PATIENCE" && continue
-    mkdir -p "$WORK/$name"
-    eval "local flags=(\"\${${name//-/_}_FLAGS[@]}\")"
-    if [[ $name == *-anneal ]]; then
-      lr=$(cool_down_lr "$name")  # (a failure stops the recipe: set -e)
-      flags+=(--lr "$lr")
-    fi
-    OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$name/checkpoints" \
-      >> "$WORK/$name/train.log" 2>&1 &  # appended: a re-run resumes
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+start_training() {  # NAME: fairseq-train for "$WORK/<name>" in the background (THREADS), its pid in STARTED
+  local lr
+  STARTED=
+  stopped_by_patience "$WORK/$1/train.log" "$PATIENCE" && return 0
+  mkdir -p "$WORK/$1"
+  eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
+  if [[ $1 == *-anneal ]]; then
+    lr=$(cool_down_lr "$1")  # (a failure stops the recipe: set -e)
+    flags+=(--lr "$lr")
+  fi
+  OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$1/checkpoints" \
+    >> "$WORK/$1/train.log" 2>&1 &  # appended: a re-run resumes
+  STARTED=$!
 }
-train_systems() {  # NAME...: TOGETHER at a time (0: all at once), each group side by side
-  local size=$((TOGETHER > 0 ? TOGETHER : $#)) i
-  for ((i = 1; i <= $#; i += size)); do train_together "${@:i:size}"; done
+cool_down_source() {  # NAME: the system a "-anneal" NAME starts from (empty for the others)
+  local start
+  start=$(cool_down_start "$1")
+  [[ -n $start ]] || return 0
+  start=${start#"$WORK/"}
+  echo "${start%%/*}"
+}
+# NAME...: at most TOGETHER trainings side by side (0: all at once), started in the order given; a cool-down
+# whose source is among NAMEs starts once that training has ended, so a core freed by a training that patience
+# stopped goes to its cool-down while the others train on. A failed training starts nothing more: the recipe
+# waits for the running ones, then stops naming its log.
+train_systems() {
+  local limit=$((TOGETHER > 0 ? TOGETHER : $#)) waiting=("$@") running=() pids=() failed=() left=() i name source
+  while (( ${#waiting[@]} + ${#running[@]} )); do
+    left=()
+    for name in "${waiting[@]}"; do
+      source=$(cool_down_source "$name")
+      if (( ${#failed[@]} == 0 && ${#running[@]} < limit )) \
+          && [[ -z $source || " ${waiting[*]} ${running[*]} " != *" $source "* ]]; then
+        start_training "$name"
+        if [[ -n $STARTED ]]; then running+=("$name"); pids+=("$STARTED"); fi
+      elif (( ${#failed[@]} == 0 )); then
+        left+=("$name")
+      fi
+    done
+    if (( ${#running[@]} == 0 )); then
+      # nothing runs: what waits can start now (its source was skipped as stopped), unless nothing started
+      (( ${#left[@]} < ${#waiting[@]} )) || { echo "run.sh: cannot schedule ${left[*]}" >&2; exit 2; }
+      waiting=("${left[@]}")
+      continue
+    fi
+    waiting=("${left[@]}")
+    sleep "${TRAIN_POLL_SECONDS:-5}"
+    left=(); local alive=()
+    for i in "${!running[@]}"; do
+      if kill -0 "${pids[$i]}" 2>/dev/null; then
+        left+=("${running[$i]}"); alive+=("${pids[$i]}")
+      else
+        wait "${pids[$i]}" || failed+=("${running[$i]}")
+      fi
+    done
+    running=("${left[@]}"); pids=("${alive[@]}")
+  done
+  for name in "${failed[@]}"; do echo "run.sh: the training of $name failed: see $WORK/$name/train.log" >&2; done
+  (( ${#failed[@]} == 0 )) || exit 1
 }
 bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char "${EXTRA_MT_TRAIN[@]}")
 transformer_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" "${MT_TRANSFORMER[@]}" "${EXTRA_MT_TRAIN[@]}")
@@ -151,7 +192,7 @@ bytenet_lm_deep_wide_d50_FLAGS=("${bytenet_lm_deep_wide_FLAGS[@]}" --dropout 0.5
 # (fresh Adam moments, 12 warm-up updates) with the learning rate falling linearly from the one it had there to 0
 # over UPDATES: ANNEAL_UPDATES for the LMs (372: 3 epochs of 124 batches), MT_ANNEAL_UPDATES for the MT pair
 # (1228: 2 epochs of 614 batches). The starting rate is read from that checkpoint when the cool-down starts
-# (cool_down_lr), so a cool-down needs its source trained first: they train after the others.
+# (cool_down_lr), so a cool-down starts once its source's training has ended (train_systems).
 ANNEAL_UPDATES=${ANNEAL_UPDATES:-372}
 MT_ANNEAL_UPDATES=${MT_ANNEAL_UPDATES:-1228}
 anneal_flags() {  # SOURCE UPDATES: the cool-down of $WORK/SOURCE from its best checkpoint over UPDATES (no --lr)
@@ -206,8 +247,7 @@ train_with_cool_downs() {
       echo "run.sh: $name starts from $start, which does not exist: train $source_system first" \
         "($list=$source_system)" >&2; exit 2; }
   done
-  if (( ${#from_scratch[@]} )); then train_systems "${from_scratch[@]}"; fi
-  if (( ${#cool_downs[@]} )); then train_systems "${cool_downs[@]}"; fi
+  train_systems "${from_scratch[@]}" "${cool_downs[@]}"
 }
 MT_SYSTEMS=${MT_SYSTEMS-bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal}
 LM_SYSTEMS=${LM_SYSTEMS-bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg bytenet-lm-deep-layerdrop
