@@ -863,6 +863,30 @@ def _summary_work(tmp_path):
     return work, raw
 
 
+def test_the_recipe_summary_scores_each_beam_and_length_penalty_of_a_translation_system(tmp_path):
+    """test.beam12.txt is beam 12 at --lenpen 0 (the paper's), test.beam12.lenpen1.txt at --lenpen 1 (fairseq's
+    default): each scored against the test references under its own name, with brevity penalty and length."""
+    summarize = _recipe_summary()
+    work, raw = _summary_work(tmp_path)
+    (raw / "test.de").write_text("ein kleiner Hund läuft über die Wiese\n")
+    system = work / "bytenet-mt"
+    (system / "checkpoints").mkdir(parents=True)
+    torch.save({"model": {"w": torch.zeros(3, 2)}, "extra_state": {}}, system / "checkpoints" / "checkpoint_avg.pt")
+    (system / "train.log").write_text(
+        "| INFO | valid | epoch 001 | valid on 'valid' subset | loss 2.5 | ppl 5.6 | num_updates 10\n")
+    (system / "test.beam12.txt").write_text("ein kleiner Hund läuft über\n")
+    (system / "test.beam12.lenpen1.txt").write_text("ein kleiner Hund läuft über die Wiese\n")
+    (system / "test.beam1.txt").write_text("ein kleiner Hund läuft über die Wiese\n")
+    out = tmp_path / "results" / "bytenet.json"
+    out.parent.mkdir()
+    summarize.main(str(work), str(raw), str(out))
+    mt = json.loads(out.read_text())["translation"]["bytenet-mt"]
+    assert mt["parameters"] == 6
+    assert mt["bleu_beam12_lenpen1"] == mt["bleu_beam1_lenpen0"] == 100.0
+    assert 0 < mt["bleu_beam12_lenpen0"] < 100.0 and mt["beam12_lenpen0"]["bleu_brevity_penalty"] < 1.0
+    assert (mt["beam12_lenpen0"]["hypothesis_length"], mt["beam12_lenpen0"]["reference_length"]) == (5, 7)
+
+
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):
     """An LM trained and scored on a lent GPU whose checkpoint did not come back: its parameter count from
     fairseq-train's log, the GPU it trained on, its bits per character; the MT side needs only the references."""

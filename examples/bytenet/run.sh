@@ -13,7 +13,8 @@
 #              into checkpoint_avg.pt, which every later stage uses (patience stops a training PATIENCE epochs
 #              past its best: the checkpoints kept are the last AVERAGE + PATIENCE)
 #   evaluate-mt: BLEU on the test split (Multi30k's test_2016_flickr), beam 12 and greedy, no length
-#              normalisation (--lenpen 0, the paper's setting) for both systems
+#              normalisation (--lenpen 0, the paper's setting) for both systems; beam 12 also at each length penalty
+#              of BEAM_LENPENS (WORK/<system>/test.beam12.lenpen1.txt)
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
 #              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; ByteNet against the character
@@ -28,7 +29,7 @@
 #        STAGES ("prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary"),
 #        MT_MINUTES (600), LM_MINUTES (600): wall-clock caps; every training stops earlier at a plateau of
 #        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
-#        BEAM (12), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
+#        BEAM (12), BEAM_LENPENS (1; empty: none), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
 #        writes the repository's figures),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
 #        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
@@ -52,6 +53,7 @@ LM_MINUTES=${LM_MINUTES:-600}
 PATIENCE=${PATIENCE:-5}
 AVERAGE=${AVERAGE:-5}
 BEAM=${BEAM:-12}
+BEAM_LENPENS=${BEAM_LENPENS-1}
 DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-1}
 TOGETHER=${TOGETHER:-2}
@@ -274,11 +276,16 @@ fi
 
 if stage evaluate-mt; then
   for name in $MT_SYSTEMS; do
-    for beam in $BEAM 1; do
-      out=$WORK/$name/test.beam$beam
-      # --lenpen 0: no length normalisation (the paper's setting), for both systems alike.
+    # --lenpen 0: no length normalisation (the paper's setting), for both systems alike; BEAM also at each of
+    # BEAM_LENPENS (fairseq's default 1: unnormalised, beam search favours short outputs). Greedy search keeps one
+    # hypothesis, which no length penalty changes.
+    runs=("$BEAM:0" "1:0")
+    for lenpen in $BEAM_LENPENS; do [[ $lenpen == 0 ]] || runs+=("$BEAM:$lenpen"); done
+    for run in "${runs[@]}"; do
+      beam=${run%:*} lenpen=${run#*:}
+      out=$WORK/$name/test.beam$beam$([[ $lenpen == 0 ]] || echo ".lenpen$lenpen")
       OMP_NUM_THREADS=$EVAL_THREADS record fairseq-generate "$WORK/mt-data/bin" --user-dir "$USER_DIR" $CPU_FLAG \
-        --path "$(final_checkpoint "$name")" --gen-subset test --beam "$beam" --lenpen 0 \
+        --path "$(final_checkpoint "$name")" --gen-subset test --beam "$beam" --lenpen "$lenpen" \
         --max-len-a 1.5 --max-len-b 10 --batch-size 32 > "$out.out"
       fairseq-plugins detok "$WORK/mt-data" --from-generate --input "$out.out" > "$out.txt"
     done

@@ -242,10 +242,12 @@ def main(work: str, raw_dir: str, out: str) -> None:
             continue  # not trained (yet)
         system = {**checkpoint_figures(final_checkpoint(work, name)), "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
-            beam = re.search(r"beam(\d+)", path).group(1)
+            # test.beam12.txt: --lenpen 0; test.beam12.lenpen1.txt: --lenpen 1
+            found = re.search(r"test\.beam(\d+)(?:\.lenpen([0-9.]+))?\.txt$", path)
+            run = f"beam{found.group(1)}_lenpen{found.group(2) or 0}"
             figures = bleu(path, references)
-            system[f"bleu_beam{beam}_lenpen0"] = figures["bleu"]
-            system[f"beam{beam}_lenpen0"] = figures
+            system[f"bleu_{run}"] = figures["bleu"]
+            system[run] = figures
         result["translation"][name] = system
     for name in LM_SYSTEMS:
         checkpoint, log = final_checkpoint(work, name), f"{work}/{name}/train.log"

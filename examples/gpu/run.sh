@@ -208,9 +208,11 @@ EOF
     for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
     recipe average 0 STAGES=average || failed=1
     # Decoding and scoring side by side, each stopped after EVAL_SECONDS: a slow beam cannot eat the command.
+    # Beam and greedy at --lenpen 0 only (BEAM_LENPENS=): the other length penalties decode on the CPU later,
+    # from the averages the kit carries back.
     pids=()
     for name in $mt_systems; do
-      (mt_systems=$name; recipe "evaluate-$name" "${EVAL_SECONDS:-150}" STAGES=evaluate-mt) & pids+=($!)
+      (mt_systems=$name; recipe "evaluate-$name" "${EVAL_SECONDS:-150}" STAGES=evaluate-mt BEAM_LENPENS=) & pids+=($!)
     done
     if [[ -n $lm_systems ]]; then recipe evaluate-lm "${EVAL_SECONDS:-150}" STAGES=evaluate-lm & pids+=($!); fi
     for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
