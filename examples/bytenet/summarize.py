@@ -244,6 +244,8 @@ def main(work: str, raw_dir: str, out: str) -> None:
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             # test.beam12.txt: --lenpen 0; test.beam12.lenpen1.txt: --lenpen 1
             found = re.search(r"test\.beam(\d+)(?:\.lenpen([0-9.]+))?\.txt$", path)
+            if not found:
+                continue  # not an evaluate-mt output
             run = f"beam{found.group(1)}_lenpen{found.group(2) or 0}"
             figures = bleu(path, references)
             system[f"bleu_{run}"] = figures["bleu"]
