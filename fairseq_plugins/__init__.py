@@ -1,9 +1,10 @@
 """fairseq-plugins: fast-translation methods for fairseq, loaded with ``--user-dir fairseq_plugins``.
 
 Importing the package registers every method subpackage with fairseq's registries (once: Python caches
-the import) and installs four fixes (common/fairseq_fixes.py): checkpoints load under torch >= 2.6,
+the import) and installs five fixes (common/fairseq_fixes.py): checkpoints load under torch >= 2.6,
 fairseq-generate decodes every sentence, fairseq's hub interface (``from_pretrained(..., task=NAME)``)
-decodes with the task it names, and fairseq-train's --patience survives a resume. So ``fairseq-train``, ``fairseq-generate`` and
+decodes with the task it names, fairseq-train's --patience survives a resume, and (opt-in,
+FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) fairseq-train saves checkpoint_last.pt mid-epoch without validating. So ``fairseq-train``, ``fairseq-generate`` and
 ``fairseq-interactive`` need nothing but ``--user-dir``.
 """
 
@@ -37,6 +38,7 @@ fairseq_fixes.allow_fairseq_checkpoints()
 fairseq_fixes.keep_last_partial_batch()
 fairseq_fixes.switch_task_in_overrides()
 fairseq_fixes.keep_patience_across_resumes()
+fairseq_fixes.save_last_checkpoint_mid_epoch()
 
 # Method subpackages: each registers its models, tasks and criterions on import. Each also names the
 # fairseq task whose generator `fairseq-plugins bench --method NAME` measures (BENCH_TASK).

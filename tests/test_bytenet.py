@@ -797,6 +797,13 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     figures = summarize.training(str(log))
     assert [(point["epoch"], point["valid_loss_base2"], point["wall_seconds"]) for point in figures["curve"]] == [
         (1, 2.7, 600), (2, 2.4, 1300), (3, 2.2, 1900)]
+    # FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES: a process killed after a mid-epoch save of checkpoint_last.pt (logged
+    # with its wall) resumes from it; what it trained after that save is trained again, not counted.
+    mid_epoch = "| INFO | fairseq_plugins.common.fairseq_fixes | saved checkpoint_last mid-epoch: epoch 2 @ 15 updates | wall 900\n"
+    log.write_text(scratch + epoch(1, 2.7, 600) + mid_epoch + "| INFO | train_inner | epoch 002:     18 / 20 wall=1000\n"
+                   + resumed(2).replace(" @ 10 ", " @ 15 ") + epoch(2, 2.4, 400) + epoch(3, 2.2, 1000))
+    figures = summarize.training(str(log))
+    assert [(point["epoch"], point["wall_seconds"]) for point in figures["curve"]] == [(1, 600), (2, 1300), (3, 1900)]
     # Started again from scratch (its checkpoints deleted): the earlier run's epochs count no more.
     log.write_text(scratch + epoch(1, 2.7, 600) + epoch(2, 2.5, 900) + scratch + epoch(1, 2.6, 500)
                    + "| INFO | fairseq_cli.train | done training in 501.0 seconds\n")

@@ -142,3 +142,67 @@ def test_patience_counts_on_across_a_resume_and_a_rerun_of_a_stopped_training(pr
     assert "early stop since valid performance hasn't improved for last 3 runs" in log
     rerun, log = train(10)
     assert rerun == [5] and "early stopping resumes at 3 validation(s)" in log
+
+
+# fairseq-train (as `python -m fairseq_cli.train` runs it) that dies like a killed process, without a save, when
+# its update DIE_AT_UPDATE is about to start.
+TRAIN_THEN_DIE = textwrap.dedent("""
+    import os, runpy, sys
+    from fairseq.trainer import Trainer
+
+    die_at = int(os.environ.get("DIE_AT_UPDATE") or 0)
+    original = Trainer.train_step
+
+    def train_step(self, samples, raise_oom=False):
+        if die_at and self.get_num_updates() == die_at:
+            os._exit(3)
+        return original(self, samples, raise_oom)
+
+    Trainer.train_step = train_step
+    sys.argv[0] = "fairseq-train"
+    runpy.run_module("fairseq_cli.train", run_name="__main__", alter_sys=True)
+""")
+
+
+def test_a_training_killed_mid_epoch_resumes_from_its_last_mid_epoch_save_on_the_same_path(prepared, tmp_path):
+    """With FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES=2, checkpoint_last.pt is written every 2 updates inside an epoch
+    without a validation; a training killed in its first epoch resumes from there and ends with exactly the
+    weights of the same training never interrupted. Without it, the killed training has nothing to resume."""
+    import torch
+
+    flags = [*train_flags(max_tokens="300"), "--max-epoch", 2, "--patience", 3]
+
+    def train(save_dir, **env):
+        proc = subprocess.run([sys.executable, "-c", TRAIN_THEN_DIE, os.path.join(prepared, "bin"), *map(str, flags),
+                               "--save-dir", str(save_dir)], capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        return proc, proc.stdout + proc.stderr
+
+    proc, log = train(tmp_path / "whole")
+    assert proc.returncode == 0, log[-3000:]
+    updates_per_epoch = int(re.search(r"epoch 001 \| .*num_updates (\d+)", log).group(1))
+    assert updates_per_epoch >= 6, log[-2000:]  # room to die after a mid-epoch save
+
+    cut = tmp_path / "cut"
+    proc, log = train(cut, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES="2", DIE_AT_UPDATE="5")
+    assert proc.returncode == 3
+    assert "saved checkpoint_last mid-epoch: epoch 1 @ 4 updates | wall " in log
+    assert "valid on 'valid' subset" not in log  # no validation at those saves
+    assert sorted(os.listdir(cut)) == ["checkpoint_last.pt"]  # no epoch checkpoint, no best
+    proc, log = train(cut, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES="2")
+    assert proc.returncode == 0, log[-3000:]
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch 1 @ 4 updates\)", log)
+    assert re.findall(r"epoch (\d+) \| valid on 'valid' subset", log) == ["001", "002"]
+
+    whole = torch.load(tmp_path / "whole" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    resumed = torch.load(cut / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert whole["optimizer_history"][-1]["num_updates"] == resumed["optimizer_history"][-1]["num_updates"]
+    assert whole["model"].keys() == resumed["model"].keys()
+    assert all(torch.equal(whole["model"][name], resumed["model"][name]) for name in whole["model"])
+
+    proc, _ = train(tmp_path / "unsaved", DIE_AT_UPDATE="5")
+    assert proc.returncode == 3 and not (tmp_path / "unsaved" / "checkpoint_last.pt").exists()
+    proc, log = train(tmp_path / "bad", FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES="often")
+    assert proc.returncode != 0
+    assert "InputError: FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES='often': expected a whole number of updates" in log
+    assert not (tmp_path / "bad" / "checkpoint_last.pt").exists()

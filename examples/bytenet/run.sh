@@ -38,6 +38,7 @@
 #        later run of the other gives it the same budget), TOGETHER (2): how many trainings run side by side
 #        (THREADS each; 0: all at once, as the GPU kit runs them; a cool-down starts at the first free place once its
 #        source has ended, TRAIN_POLL_SECONDS (5) apart at most); a training that patience stopped is not re-run,
+#        SAVE_LAST_UPDATES (200 on the CPU, else 0): checkpoint_last.pt every so many updates within an epoch too,
 #        EVAL_THREADS (2), LENGTHS ("100 200 400 800"), RECOMPUTE_MAX (400), LENGTH_LIMIT (10 sentences), LENGTH_RUNS (3),
 #        TRAIN_FLAGS (none): added to every training, MT_TRAIN_FLAGS (none): added to the MT trainings before
 #        TRAIN_FLAGS (a flag in both: TRAIN_FLAGS' value wins; the GPU kit's bytenet stage sets larger MT batches)
@@ -67,6 +68,10 @@ mkdir -p "$WORK" "$RESULTS"
 source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
 hours() { python -c "print($1 / 60)"; }
 CPU_FLAG=$([[ $DEVICE == cpu ]] && echo --cpu || true)
+# checkpoint_last.pt also every SAVE_LAST_UPDATES updates inside an epoch, without a validation
+# (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES; README, "A training cut mid-epoch"): a training cut off mid-epoch resumes from
+# there, not from the epoch's start. 200 MT updates are about 8 minutes on one CPU thread; none on a GPU.
+export FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES=${SAVE_LAST_UPDATES:-$([[ $DEVICE == cpu ]] && echo 200 || echo 0)}
 
 if stage prepare; then
   [[ -f $WORK/mt-data/prepare.json ]] || record fairseq-plugins prepare --char "$MULTI30K" "$WORK/mt-data" -s "$SRC" -t "$TGT"

@@ -23,12 +23,16 @@ BF16 = re.compile(r"'bf16': (True|False)")
 
 # Where a fairseq-train process starts: its wall clock ("wall" in its "| train |" lines) starts at 0 there.
 PROCESS_START = re.compile(r"Loaded checkpoint .*\(epoch (\d+) @ \d+ updates\)|No existing checkpoint found")
+# A mid-epoch save of checkpoint_last.pt (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES, fairseq_plugins/common/fairseq_fixes.py):
+# how far into its process's clock the epoch had come when a resumed run can go on from it.
+MID_EPOCH_SAVE = re.compile(r"saved checkpoint_last mid-epoch: epoch (\d+) @ \d+ updates \| wall (\d+)")
 
 
 def wall_event(line: str):
     """A log line's part in the training clock: ("start", E) where a fairseq-train process starts (resuming at
-    epoch E; None: from scratch), ("epoch", N, W) at the end of epoch N, W seconds into its process; else None."""
-    if m := TRAIN_WALL.search(line):
+    epoch E; None: from scratch), ("epoch", N, W) at the end of epoch N, or at a mid-epoch save in it, W seconds
+    into its process; else None."""
+    if m := TRAIN_WALL.search(line) or MID_EPOCH_SAVE.search(line):
         return "epoch", int(m.group(1)), int(m.group(2))
     if m := PROCESS_START.search(line):
         return "start", int(m.group(1)) if m.group(1) else None
@@ -42,7 +46,8 @@ def cumulative_walls(events):
     checkpoint), so a process that resumes at epoch E counts on from the last epoch end logged at or before E:
     the end of epoch E - 1 after an end-of-epoch checkpoint (the part of an epoch that a killed process did not
     finish is not counted: it is trained again), or the part of epoch E trained before a mid-epoch checkpoint
-    (a stop by --stop-time-hours or --max-update logs it, and the resumed run goes on from there). A log without
+    (a stop by --stop-time-hours or --max-update logs it, as does each FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES save, and
+    the resumed run goes on from there). A log without
     the start lines (older logs) still counts on where ``wall`` falls."""
     walls, offset, previous, restarted = {}, 0, 0, False
     for event in events:

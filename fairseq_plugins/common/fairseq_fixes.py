@@ -199,3 +199,78 @@ def _early_stopping_functions() -> list:
 
     functions = [getattr(sys.modules.get(name), "should_stop_early", None) for name in ("__main__", "fairseq_cli.train")]
     return list({id(function): function for function in functions if callable(function)}.values())
+
+
+SAVE_LAST_UPDATES_ENV = "FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES"
+MID_EPOCH_SAVE_LINE = "saved checkpoint_last mid-epoch: epoch {epoch} @ {updates} updates | wall {wall}"
+
+
+def save_last_checkpoint_mid_epoch() -> None:
+    """fairseq-train saves a checkpoint at the end of each epoch; ``--save-interval-updates`` saves mid-epoch
+    too, but validates at every such save, which moves ``--patience`` (it counts validations), the best
+    checkpoint and the epoch curves. A training killed mid-epoch (a machine taken back, a session's end) loses
+    the whole epoch so far. With ``FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES=N`` (N > 0) checkpoint_last.pt is also
+    written every N updates within an epoch, without validating: no epoch checkpoint, no best, no patience
+    count moves, and a resumed run goes on from there on the path it would have taken (fairseq seeds every
+    update and restores the data iterator's position). Each such save logs its epoch, updates and the process's
+    ``wall`` seconds, which examples/results/training_curves.py counts as training time. N counts updates, not
+    minutes, so every rank of a distributed training saves at the same update. Unset or 0: fairseq's own saves.
+
+    fairseq-train's loop calls ``validate_and_save`` of its own module (fairseq_cli.train, or __main__ when run
+    with -m), looked up at every call: it is wrapped there when the first epoch begins, whichever was imported
+    first."""
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer.begin_epoch, "saves_last_mid_epoch", False):
+        return
+    original_begin_epoch = Trainer.begin_epoch
+
+    @functools.wraps(original_begin_epoch)
+    def begin_epoch(self, epoch):
+        _save_last_updates()  # a bad value stops the training before its first update
+        _wrap_validate_and_save()
+        return original_begin_epoch(self, epoch)
+
+    begin_epoch.saves_last_mid_epoch = True
+    Trainer.begin_epoch = begin_epoch
+
+
+def _wrap_validate_and_save() -> None:
+    import sys
+
+    for name in ("__main__", "fairseq_cli.train"):
+        module = sys.modules.get(name)
+        original = getattr(module, "validate_and_save", None)
+        code = getattr(original, "__code__", None)
+        if code is not None and code.co_filename.replace(os.sep, "/").endswith("fairseq_cli/train.py"):
+            module.validate_and_save = _saving_last_mid_epoch(original)
+
+
+def _saving_last_mid_epoch(original):
+    @functools.wraps(original)
+    def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+        valid_losses, should_stop = original(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        every = _save_last_updates()
+        updates = trainer.get_num_updates()
+        interval = cfg.checkpoint.save_interval_updates
+        saved_by_fairseq = end_of_epoch or should_stop or (interval > 0 and updates % interval == 0)
+        if every > 0 and updates > 0 and updates % every == 0 and not saved_by_fairseq:
+            from fairseq import checkpoint_utils
+            from fairseq.logging import metrics
+
+            checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
+            logger.info(MID_EPOCH_SAVE_LINE.format(epoch=epoch_itr.epoch, updates=updates,
+                                                   wall=round(metrics.get_meter("default", "wall").elapsed_time)))
+        return valid_losses, should_stop
+
+    validate_and_save.saves_last_mid_epoch = True
+    return validate_and_save
+
+
+def _save_last_updates() -> int:
+    from .textio import InputError
+
+    value = os.environ.get(SAVE_LAST_UPDATES_ENV, "").strip() or "0"
+    if not value.isdigit():
+        raise InputError(f"{SAVE_LAST_UPDATES_ENV}={value!r}: expected a whole number of updates (0: off)")
+    return int(value)
