@@ -4,8 +4,8 @@ Importing the package registers every method subpackage with fairseq's registrie
 the import) and installs five fixes (common/fairseq_fixes.py): checkpoints load under torch >= 2.6,
 fairseq-generate decodes every sentence, fairseq's hub interface (``from_pretrained(..., task=NAME)``)
 decodes with the task it names, fairseq-train's --patience survives a resume, and (opt-in,
-FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) fairseq-train saves checkpoint_last.pt mid-epoch without validating. So ``fairseq-train``, ``fairseq-generate`` and
-``fairseq-interactive`` need nothing but ``--user-dir``.
+FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) fairseq-train saves checkpoint_last.pt mid-epoch without validating. So
+``fairseq-train``, ``fairseq-generate`` and ``fairseq-interactive`` need nothing but ``--user-dir``.
 """
 
 import importlib

@@ -217,8 +217,8 @@ def save_last_checkpoint_mid_epoch() -> None:
     minutes, so every rank of a distributed training saves at the same update. Unset or 0: fairseq's own saves.
 
     fairseq-train's loop calls ``validate_and_save`` of its own module (fairseq_cli.train, or __main__ when run
-    with -m), looked up at every call: it is wrapped there when the first epoch begins, whichever was imported
-    first."""
+    with -m), looked up at every call: it is wrapped there when an epoch begins (once), whichever of fairseq and
+    this package was imported first."""
     from fairseq.trainer import Trainer
 
     if getattr(Trainer.begin_epoch, "saves_last_mid_epoch", False):
