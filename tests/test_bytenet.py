@@ -577,15 +577,19 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
     assert proc.returncode == 2 and "MT_SYSTEMS names bytenet-mt-shallow-anneal, which is not a cool-down" in proc.stderr
 
 
-def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together: str = "2"):
+def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together: str = "2", unreadable=()):
     """examples/bytenet/run.sh's train-mt stage with a stand-in fairseq-train (``script``, sh, given its
     system's name as $name and the event log as $events), both sources' best checkpoints in place for the
-    cool-downs' learning rates. The recipe's result and the events ("start NAME", "end NAME") in order."""
+    cool-downs' learning rates (not a checkpoint for the sources in ``unreadable``). The recipe's result and the
+    events ("start NAME", "end NAME") in order."""
     work, stand_ins, events = tmp_path / "work", tmp_path / "bin", tmp_path / "events"
     for source in ("bytenet-mt", "transformer-mt"):
         os.makedirs(work / source / "checkpoints", exist_ok=True)
-        torch.save({"last_optimizer_state": {"param_groups": [{"lr": 3e-4}]}},
-                   work / source / "checkpoints" / "checkpoint_best.pt")
+        best = work / source / "checkpoints" / "checkpoint_best.pt"
+        if source in unreadable:
+            best.write_text("not a checkpoint\n")
+        else:
+            torch.save({"last_optimizer_state": {"param_groups": [{"lr": 3e-4}]}}, best)
     os.makedirs(stand_ins, exist_ok=True)
     (stand_ins / "fairseq-train").write_text(
         '#!/bin/sh\nfor last; do :; done\nname=$(basename "$(dirname "$last")")\n'
@@ -639,8 +643,20 @@ def test_a_failed_training_starts_nothing_more_and_stops_the_recipe_naming_its_l
         tmp_path, fail_bytenet, "bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal")
     assert proc.returncode == 1
     log = tmp_path / "work" / "bytenet-mt" / "train.log"
-    assert f"run.sh: the training of bytenet-mt failed: see {log}" in proc.stderr
+    assert f"run.sh: the training of bytenet-mt failed (or could not start): see {log} and above" in proc.stderr
     assert events[-1] == "end transformer-mt"  # waited for, not left running
+    assert not any(event.startswith("start") and event.endswith("-anneal") for event in events)
+    # a cool-down that cannot start (its learning rate unreadable) while the transformer trains on: the same
+    wait_for_the_bytenet_end = (
+        'if [ "$name" = transformer-mt ]; then i=0; while ! grep -qx "end bytenet-mt" "$events" '
+        '&& [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; sleep 1; fi')
+    proc, events = _recipe_with_stand_in_training(
+        tmp_path / "unreadable", wait_for_the_bytenet_end,
+        "bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal", unreadable=("bytenet-mt",))
+    assert proc.returncode == 1
+    log = tmp_path / "unreadable" / "work" / "bytenet-mt-anneal" / "train.log"
+    assert f"run.sh: the training of bytenet-mt-anneal failed (or could not start): see {log}" in proc.stderr
+    assert events[-1] == "end transformer-mt"
     assert not any(event.startswith("start") and event.endswith("-anneal") for event in events)
 
 

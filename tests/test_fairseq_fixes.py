@@ -189,10 +189,13 @@ def test_a_training_killed_mid_epoch_resumes_from_its_last_mid_epoch_save_on_the
     assert "saved checkpoint_last mid-epoch: epoch 1 @ 4 updates | wall " in log
     assert "valid on 'valid' subset" not in log  # no validation at those saves
     assert sorted(os.listdir(cut)) == ["checkpoint_last.pt"]  # no epoch checkpoint, no best
-    proc, log = train(cut, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES="2")
+    proc, log = train(cut, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES="100")
     assert proc.returncode == 0, log[-3000:]
     assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch 1 @ 4 updates\)", log)
     assert re.findall(r"epoch (\d+) \| valid on 'valid' subset", log) == ["001", "002"]
+    # the resumed process's wall clock runs (fairseq alone loads it stopped and logs "wall 0" from then on)
+    walls = [int(wall) for wall in re.findall(r"\btrain\b\W+epoch \d+ \|.*\| wall (\d+)", log)]
+    assert len(walls) == 2 and 0 < walls[0] < walls[1], walls
 
     whole = torch.load(tmp_path / "whole" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     resumed = torch.load(cut / "checkpoint_last.pt", map_location="cpu", weights_only=False)

@@ -104,14 +104,15 @@ LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256
 LM_NANOGPT=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 384 --decoder-ffn-embed-dim 1536
   --decoder-attention-heads 6 --share-decoder-input-output-embed --dropout 0.2)
 
-start_training() {  # NAME: fairseq-train for "$WORK/<name>" in the background (THREADS), its pid in STARTED
+start_training() {  # NAME: fairseq-train for "$WORK/<name>" in the background (THREADS), its pid in STARTED;
+                    # fails (starting nothing) where a cool-down's learning rate cannot be read
   local lr
   STARTED=
   stopped_by_patience "$WORK/$1/train.log" "$PATIENCE" && return 0
   mkdir -p "$WORK/$1"
   eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
   if [[ $1 == *-anneal ]]; then
-    lr=$(cool_down_lr "$1")  # (a failure stops the recipe: set -e)
+    lr=$(cool_down_lr "$1") || return 1
     flags+=(--lr "$lr")
   fi
   OMP_NUM_THREADS=$THREADS record fairseq-train "${flags[@]}" "${EXTRA_TRAIN[@]}" --save-dir "$WORK/$1/checkpoints" \
@@ -137,8 +138,11 @@ train_systems() {
       source=$(cool_down_source "$name")
       if (( ${#failed[@]} == 0 && ${#running[@]} < limit )) \
           && [[ -z $source || " ${waiting[*]} ${running[*]} " != *" $source "* ]]; then
-        start_training "$name"
-        if [[ -n $STARTED ]]; then running+=("$name"); pids+=("$STARTED"); fi
+        if ! start_training "$name"; then
+          failed+=("$name")
+        elif [[ -n $STARTED ]]; then
+          running+=("$name"); pids+=("$STARTED")
+        fi
       elif (( ${#failed[@]} == 0 )); then
         left+=("$name")
       fi
@@ -161,7 +165,9 @@ train_systems() {
     done
     running=("${left[@]}"); pids=("${alive[@]}")
   done
-  for name in "${failed[@]}"; do echo "run.sh: the training of $name failed: see $WORK/$name/train.log" >&2; done
+  for name in "${failed[@]}"; do
+    echo "run.sh: the training of $name failed (or could not start): see $WORK/$name/train.log and above" >&2
+  done
   (( ${#failed[@]} == 0 )) || exit 1
 }
 bytenet_mt_FLAGS=("${MT_TRAIN[@]}" "${COMMON_TRAIN[@]}" --arch bytenet_multi30k_char "${EXTRA_MT_TRAIN[@]}")
@@ -285,7 +291,7 @@ if stage evaluate-mt; then
     # BEAM_LENPENS (fairseq's default 1: unnormalised, beam search favours short outputs). Greedy search keeps one
     # hypothesis, which no length penalty changes.
     runs=("$BEAM:0" "1:0")
-    for lenpen in $BEAM_LENPENS; do [[ $lenpen == 0 ]] || runs+=("$BEAM:$lenpen"); done
+    for lenpen in $BEAM_LENPENS; do [[ $lenpen =~ ^0*\.?0*$ ]] || runs+=("$BEAM:$lenpen"); done
     for run in "${runs[@]}"; do
       beam=${run%:*} lenpen=${run#*:}
       out=$WORK/$name/test.beam$beam$([[ $lenpen == 0 ]] || echo ".lenpen$lenpen")

@@ -243,7 +243,7 @@ def main(work: str, raw_dir: str, out: str) -> None:
         system = {**checkpoint_figures(final_checkpoint(work, name)), "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             # test.beam12.txt: --lenpen 0; test.beam12.lenpen1.txt: --lenpen 1
-            found = re.search(r"test\.beam(\d+)(?:\.lenpen([0-9.]+))?\.txt$", path)
+            found = re.search(r"test\.beam(\d+)(?:\.lenpen(-?[0-9.]+))?\.txt$", path)
             if not found:
                 continue  # not an evaluate-mt output
             run = f"beam{found.group(1)}_lenpen{found.group(2) or 0}"

@@ -216,6 +216,10 @@ def save_last_checkpoint_mid_epoch() -> None:
     ``wall`` seconds, which examples/results/training_curves.py counts as training time. N counts updates, not
     minutes, so every rank of a distributed training saves at the same update. Unset or 0: fairseq's own saves.
 
+    Resuming from any checkpoint saved inside an epoch, fairseq also loads its "wall" stopwatch stopped and logs
+    ``wall 0`` from then on; the wall clock keeps running from the process's start instead (always, with or
+    without N).
+
     fairseq-train's loop calls ``validate_and_save`` of its own module (fairseq_cli.train, or __main__ when run
     with -m), looked up at every call: it is wrapped there when an epoch begins (once), whichever of fairseq and
     this package was imported first."""
@@ -223,7 +227,7 @@ def save_last_checkpoint_mid_epoch() -> None:
 
     if getattr(Trainer.begin_epoch, "saves_last_mid_epoch", False):
         return
-    original_begin_epoch = Trainer.begin_epoch
+    original_begin_epoch, original_load = Trainer.begin_epoch, Trainer.load_checkpoint
 
     @functools.wraps(original_begin_epoch)
     def begin_epoch(self, epoch):
@@ -231,8 +235,23 @@ def save_last_checkpoint_mid_epoch() -> None:
         _wrap_validate_and_save()
         return original_begin_epoch(self, epoch)
 
+    @functools.wraps(original_load)
+    def load_checkpoint(self, *args, **kwargs):
+        # A checkpoint saved inside an epoch (these saves, --save-interval-updates, a --stop-time-hours stop) brings
+        # its metrics back, among them the "wall" stopwatch, loaded stopped: fairseq-train then logs "wall 0" for
+        # the rest of the process. Keep it running from this process's start, as after an end-of-epoch checkpoint.
+        from fairseq.logging import metrics
+
+        wall = metrics.get_meter("default", "wall")
+        started = getattr(wall, "start_time", None)
+        extra_state = original_load(self, *args, **kwargs)
+        wall = metrics.get_meter("default", "wall")
+        if started is not None and wall is not None and getattr(wall, "start_time", 0) is None:
+            wall.start_time = started
+        return extra_state
+
     begin_epoch.saves_last_mid_epoch = True
-    Trainer.begin_epoch = begin_epoch
+    Trainer.begin_epoch, Trainer.load_checkpoint = begin_epoch, load_checkpoint
 
 
 def _wrap_validate_and_save() -> None:
@@ -253,12 +272,17 @@ def _saving_last_mid_epoch(original):
         every = _save_last_updates()
         updates = trainer.get_num_updates()
         interval = cfg.checkpoint.save_interval_updates
-        saved_by_fairseq = end_of_epoch or should_stop or (interval > 0 and updates % interval == 0)
-        if every > 0 and updates > 0 and updates % every == 0 and not saved_by_fairseq:
+        saved_by_fairseq = end_of_epoch or should_stop or (
+            interval > 0 and updates % interval == 0 and updates >= cfg.dataset.validate_after_updates)
+        writes_last = not (cfg.checkpoint.no_save or cfg.checkpoint.no_last_checkpoints)
+        # (an update skipped on an fp16 overflow leaves the count where it was: one save per count)
+        if every > 0 and updates > 0 and updates % every == 0 and not saved_by_fairseq and writes_last \
+                and updates != getattr(validate_and_save, "saved_at", None):
             from fairseq import checkpoint_utils
             from fairseq.logging import metrics
 
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
+            validate_and_save.saved_at = updates
             logger.info(MID_EPOCH_SAVE_LINE.format(epoch=epoch_itr.epoch, updates=updates,
                                                    wall=round(metrics.get_meter("default", "wall").elapsed_time)))
         return valid_losses, should_stop
