@@ -253,7 +253,7 @@ train_with_cool_downs() {
   for name in "${cool_downs[@]}"; do
     start=$(cool_down_start "$name")
     [[ -n $start ]] || { echo "run.sh: $list names $name, which is not a cool-down of this recipe" >&2; exit 2; }
-    source_system=${start#"$WORK/"}; source_system=${source_system%%/*}
+    source_system=$(cool_down_source "$name")
     # A cool-down that already saved a checkpoint resumes from it and no longer needs its source; one whose
     # source trains first in this same run finds it once that training ends.
     [[ -f $WORK/$name/checkpoints/checkpoint_last.pt || -f $start || " ${from_scratch[*]} " == *" $source_system "* ]] || {

@@ -195,10 +195,41 @@ def keep_patience_across_resumes() -> None:
 def _early_stopping_functions() -> list:
     """fairseq-train's ``should_stop_early``: in __main__ when run with -m (first: the one that runs), else in
     fairseq_cli.train."""
+    functions = [getattr(module, "should_stop_early", None) for module in _fairseq_train_modules()]
+    return list({id(function): function for function in functions if callable(function)}.values())
+
+
+def _fairseq_train_modules() -> list:
+    """The loaded modules that may hold fairseq-train's functions: __main__ (first: the one running when
+    fairseq-train is run with -m), then fairseq_cli.train."""
     import sys
 
-    functions = [getattr(sys.modules.get(name), "should_stop_early", None) for name in ("__main__", "fairseq_cli.train")]
-    return list({id(function): function for function in functions if callable(function)}.values())
+    return [sys.modules[name] for name in ("__main__", "fairseq_cli.train") if name in sys.modules]
+
+
+def keep_the_wall_clock_across_mid_epoch_resumes() -> None:
+    """Resumed from a checkpoint saved inside an epoch (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES, --save-interval-updates,
+    a --stop-time-hours stop), fairseq-train loads the saved metrics, among them its "wall" stopwatch, stopped:
+    it then logs ``wall 0`` for the rest of the process. Keep the clock running from this process's start, as
+    after an end-of-epoch checkpoint (whose metrics fairseq does not load)."""
+    from fairseq.logging import metrics
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer.load_checkpoint, "keeps_the_wall_clock", False):
+        return
+    original_load = Trainer.load_checkpoint
+
+    @functools.wraps(original_load)
+    def load_checkpoint(self, *args, **kwargs):
+        started = getattr(metrics.get_meter("default", "wall"), "start_time", None)
+        extra_state = original_load(self, *args, **kwargs)
+        wall = metrics.get_meter("default", "wall")
+        if started is not None and wall is not None and getattr(wall, "start_time", 0) is None:
+            wall.start_time = started
+        return extra_state
+
+    load_checkpoint.keeps_the_wall_clock = True
+    Trainer.load_checkpoint = load_checkpoint
 
 
 SAVE_LAST_UPDATES_ENV = "FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES"
@@ -216,10 +247,6 @@ def save_last_checkpoint_mid_epoch() -> None:
     ``wall`` seconds, which examples/results/training_curves.py counts as training time. N counts updates, not
     minutes, so every rank of a distributed training saves at the same update. Unset or 0: fairseq's own saves.
 
-    Resuming from any checkpoint saved inside an epoch, fairseq also loads its "wall" stopwatch stopped and logs
-    ``wall 0`` from then on; the wall clock keeps running from the process's start instead (always, with or
-    without N).
-
     fairseq-train's loop calls ``validate_and_save`` of its own module (fairseq_cli.train, or __main__ when run
     with -m), looked up at every call: it is wrapped there when an epoch begins (once), whichever of fairseq and
     this package was imported first."""
@@ -227,7 +254,7 @@ def save_last_checkpoint_mid_epoch() -> None:
 
     if getattr(Trainer.begin_epoch, "saves_last_mid_epoch", False):
         return
-    original_begin_epoch, original_load = Trainer.begin_epoch, Trainer.load_checkpoint
+    original_begin_epoch = Trainer.begin_epoch
 
     @functools.wraps(original_begin_epoch)
     def begin_epoch(self, epoch):
@@ -235,30 +262,12 @@ def save_last_checkpoint_mid_epoch() -> None:
         _wrap_validate_and_save()
         return original_begin_epoch(self, epoch)
 
-    @functools.wraps(original_load)
-    def load_checkpoint(self, *args, **kwargs):
-        # A checkpoint saved inside an epoch (these saves, --save-interval-updates, a --stop-time-hours stop) brings
-        # its metrics back, among them the "wall" stopwatch, loaded stopped: fairseq-train then logs "wall 0" for
-        # the rest of the process. Keep it running from this process's start, as after an end-of-epoch checkpoint.
-        from fairseq.logging import metrics
-
-        wall = metrics.get_meter("default", "wall")
-        started = getattr(wall, "start_time", None)
-        extra_state = original_load(self, *args, **kwargs)
-        wall = metrics.get_meter("default", "wall")
-        if started is not None and wall is not None and getattr(wall, "start_time", 0) is None:
-            wall.start_time = started
-        return extra_state
-
     begin_epoch.saves_last_mid_epoch = True
-    Trainer.begin_epoch, Trainer.load_checkpoint = begin_epoch, load_checkpoint
+    Trainer.begin_epoch = begin_epoch
 
 
 def _wrap_validate_and_save() -> None:
-    import sys
-
-    for name in ("__main__", "fairseq_cli.train"):
-        module = sys.modules.get(name)
+    for module in _fairseq_train_modules():
         original = getattr(module, "validate_and_save", None)
         code = getattr(original, "__code__", None)
         if code is not None and code.co_filename.replace(os.sep, "/").endswith("fairseq_cli/train.py"):
