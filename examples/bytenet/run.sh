@@ -288,8 +288,8 @@ fi
 if stage evaluate-mt; then
   for name in $MT_SYSTEMS; do
     # --lenpen 0: no length normalisation (the paper's setting), for both systems alike; BEAM also at each of
-    # BEAM_LENPENS (fairseq's default 1: unnormalised, beam search favours short outputs). Greedy search keeps one
-    # hypothesis, which no length penalty changes.
+    # BEAM_LENPENS (fairseq's default 1: scores divided by length, since unnormalised ones make beam search favour
+    # short outputs). Greedy search keeps one hypothesis, which no length penalty changes.
     runs=("$BEAM:0" "1:0")
     for lenpen in $BEAM_LENPENS; do [[ $lenpen =~ ^0*\.?0*$ ]] || runs+=("$BEAM:$lenpen"); done
     for run in "${runs[@]}"; do
