@@ -18,6 +18,10 @@
 #   stopped_by_patience LOG PATIENCE
 #                  true, with a note on stderr, when the fairseq-train log LOG ends in a stop by --patience of at
 #                  least PATIENCE: the recipes do not train that system again
+#   stopped_by_budget LOG FLAGS...
+#                  true, with a note on stderr, when LOG ends in a stop by the time or update budget
+#                  (--stop-time-hours, --max-update) that FLAGS, the flags the training would run with, still set:
+#                  the recipes do not train that system again (a larger budget trains it on)
 #   average_last_epochs DIR N OUT
 #                  fairseq-plugins average-checkpoints of DIR's last N epoch checkpoints (fewer when a training
 #                  stopped sooner, e.g. by patience) into OUT; the checkpoint records which it averaged
@@ -108,6 +112,41 @@ stopped_by_patience() {  # LOG PATIENCE
   (( stopped > 0 && stopped >= $2 )) || return 1
   echo "$(basename "$(dirname "$1")"): stopped at its plateau ($stopped validations without a new best; $1):" \
     "not trained again (a larger PATIENCE trains it on)" >&2
+}
+
+# Whether the fairseq-train log LOG ends in a stop by its time or update budget that FLAGS (the flags the training
+# would run with now; their last --stop-time-hours and --max-update count, 0 or absent: no budget) have not raised,
+# said on stderr: re-run, fairseq would resume, train one more update before it checks either budget, then validate
+# and save again (moving checkpoint_best.pt and the curves). Only the budget of the last stop line since the last
+# start from scratch or from --finetune-from-model counts: one a larger budget has trained past does not.
+stopped_by_budget() {  # LOG FLAGS...
+  local log=$1 hours=0 updates=0 why
+  shift
+  [[ -f $log ]] || return 1
+  while (( $# )); do
+    case $1 in
+      --stop-time-hours) hours=${2:-0}; shift ;;
+      --stop-time-hours=*) hours=${1#*=} ;;
+      --max-update) updates=${2:-0}; shift ;;
+      --max-update=*) updates=${1#*=} ;;
+    esac
+    (( $# )) && shift
+  done
+  # fairseq's lines: "Stopping training due to cumulative_training_time: 10.0003 > stop_time_hours: 10.0 hour(s)",
+  # "Stopping training due to num_updates: 1228 >= max_update: 1228"
+  why=$(awk -v hours="$hours" -v updates="$updates" '
+    /No existing checkpoint found|loading pretrained model from/ { why = "" }
+    /Stopping training due to (cumulative_training_time|num_updates): / {
+      for (i = 1; i < NF; i++) {
+        if ($i == "cumulative_training_time:")
+          why = (hours > 0 && $(i + 1) + 0 > hours + 0) ? sprintf("its time budget, %.3f > %s hours", $(i + 1), hours) : ""
+        if ($i == "num_updates:")
+          why = (updates > 0 && $(i + 1) + 0 >= updates + 0) ? sprintf("its update budget, %d updates", $(i + 1)) : ""
+      }
+    }
+    END { print why }' "$log")
+  [[ -n $why ]] || return 1
+  echo "$(basename "$(dirname "$log")"): stopped at $why ($log): not trained again (a larger budget trains it on)" >&2
 }
 
 # The N epoch checkpoints of DIR centred on the epoch of the lowest validation loss in LOG (fairseq-train's log,

@@ -182,6 +182,44 @@ def test_the_recipes_know_a_training_that_patience_stopped(tmp_path):
     assert not stopped(None)
 
 
+def test_the_recipes_know_a_training_that_stopped_at_its_budget(tmp_path):
+    """examples/common.sh's stopped_by_budget: a log whose last stop was by the time or update budget that the
+    flags still set (a re-run would train one more update, validate and save again), also where a re-run was cut
+    short after it; not where the flags raise the budget or set none, nor after a start from scratch or from
+    another model, nor a missing log."""
+    start = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
+    resume = "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_last.pt (epoch 9 @ 80 updates)\n"
+    finetune = "| INFO | fairseq.checkpoint_utils | loading pretrained model from base.pt: optimizer, lr scheduler ...\n"
+    time_stop = ("| INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 10.000213 > "
+                 "stop_time_hours: 10.0 hour(s)\n")
+    update_stop = "| INFO | fairseq_cli.train | Stopping training due to num_updates: 1228 >= max_update: 1228\n"
+
+    def stopped(text, *flags):
+        log = tmp_path / "system" / "train.log"
+        log.parent.mkdir(exist_ok=True)
+        if text is not None:
+            log.write_text(text)
+        script = ("source examples/tools.sh; source examples/common.sh; stopped_by_budget \"$@\"")
+        proc = subprocess.run(["bash", "-c", script, "-", str(log), *flags], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        return proc.returncode == 0 and "system: stopped at its" in proc.stderr
+
+    hours = ("--lr", "1e-3", "--stop-time-hours", "10.0", "--max-epoch", "100")
+    assert stopped(start + time_stop, *hours) and stopped(start + time_stop + resume, *hours)
+    assert stopped(start + time_stop, "--stop-time-hours", "12", "--stop-time-hours=9.5")  # the last one counts
+    assert not stopped(start + time_stop, "--stop-time-hours", "12")  # a larger budget trains it on
+    assert not stopped(start + time_stop, "--max-update", "5000") and not stopped(start + time_stop)
+    assert not stopped(start + time_stop + start, *hours) and not stopped(start, *hours)
+    assert stopped(finetune + resume + update_stop, "--max-update", "1228", "--stop-time-hours", "0")
+    assert not stopped(finetune + resume + update_stop, "--max-update", "2000")
+    assert not stopped(start + update_stop + finetune + resume, "--max-update", "1228")
+    # the last stop line counts: trained past the time cap with a larger one, then stopped by its update budget
+    assert stopped(start + time_stop + resume + update_stop, "--max-update", "1228", "--stop-time-hours", "10.0")
+    assert not stopped(start + update_stop + resume + time_stop, "--max-update", "1228", "--stop-time-hours", "11")
+    (tmp_path / "system" / "train.log").unlink()
+    assert not stopped(None, *hours)
+
+
 # Each recipe's train stage, its arguments and environment, and two of its systems: the first stopped by patience.
 RECIPE_TRAININGS = {
     "bytenet": (["MULTI30K", "SHAKESPEARE", "WORK"],
@@ -195,21 +233,17 @@ RECIPE_TRAININGS = {
 }
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPE_TRAININGS))
-def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path):
-    """Re-run, a recipe's train stage skips a system whose log ends in a stop by its --patience (fairseq would
-    resume and train past the plateau, moving the epochs averaged) and trains the others: checked with a stand-in
-    fairseq-train that records its --save-dir."""
-    args, env, (stopped, other), patience = RECIPE_TRAININGS[recipe]
+def _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, log_text):
+    """The recipe's train stage with a stand-in fairseq-train that records its --save-dir, ``stopped``'s log
+    holding ``log_text``: the recipe's result and the save dirs trained."""
+    args = RECIPE_TRAININGS[recipe][0]
     base, work = tmp_path / "base", tmp_path / "work"
     os.makedirs(base / "data")
     (base / "data" / "prepare.json").write_text('{"source_lang": "en", "target_lang": "de"}')
     os.makedirs(base / "checkpoints")
     (base / "checkpoints" / "checkpoint_best.pt").write_bytes(b"")
     os.makedirs(work / stopped)
-    (work / stopped / "train.log").write_text(
-        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
-        f"| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last {patience} runs\n")
+    (work / stopped / "train.log").write_text(log_text)
     stand_ins, calls = tmp_path / "bin", tmp_path / "calls"
     os.makedirs(stand_ins)
     (stand_ins / "fairseq-train").write_text(
@@ -221,6 +255,44 @@ def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path)
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}", **env))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert calls.read_text().split() == [str(work / other / "checkpoints")]
+    return proc, calls.read_text().split() if calls.exists() else []
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_TRAININGS))
+def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path):
+    """Re-run, a recipe's train stage skips a system whose log ends in a stop by its --patience (fairseq would
+    resume and train past the plateau, moving the epochs averaged) and trains the others: checked with a stand-in
+    fairseq-train that records its --save-dir."""
+    _, env, (stopped, other), patience = RECIPE_TRAININGS[recipe]
+    proc, trained = _train_stage_with_a_stopped_system(
+        recipe, tmp_path, env, stopped, other,
+        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
+        f"| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last {patience} runs\n")
+    work = tmp_path / "work"
+    assert trained == [str(work / other / "checkpoints")]
     assert (f"{stopped}: stopped at its plateau ({patience} validations without a new best; "
             f"{work / stopped / 'train.log'}): not trained again" in proc.stderr)
+
+
+# The recipes whose trainings have a time or update budget: a system that reached it, the other, and the stop line.
+RECIPE_BUDGETS = {
+    "bytenet": ({"STAGES": "train-mt", "MT_SYSTEMS": "transformer-mt bytenet-mt", "LM_SYSTEMS": ""},
+                "transformer-mt", "bytenet-mt",
+                "cumulative_training_time: 10.0002 > stop_time_hours: 10.0 hour(s)"),
+    "blockwise": ({"STAGES": "train", "VARIANTS": "finetuned regular"}, "finetuned", "regular",
+                  "num_updates: 200 >= max_update: 200"),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_BUDGETS))
+def test_no_recipe_trains_again_a_system_that_reached_its_budget(recipe, tmp_path):
+    """Re-run, a recipe's train stage skips a system whose log ends in a stop by the time or update budget it
+    would still run with (fairseq would train one more update, then validate and save again)."""
+    env, stopped, other, stop = RECIPE_BUDGETS[recipe]
+    proc, trained = _train_stage_with_a_stopped_system(
+        recipe, tmp_path, env, stopped, other,
+        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
+        f"| INFO | fairseq_cli.train | Stopping training due to {stop}\n")
+    work = tmp_path / "work"
+    assert trained == [str(work / other / "checkpoints")]
+    assert f"{stopped}: stopped at its" in proc.stderr and "not trained again (a larger budget trains it on)" in proc.stderr

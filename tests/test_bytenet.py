@@ -559,6 +559,8 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
     # the last --lr and --lr-scheduler are the ones fairseq's parser keeps
     assert (flags["--lr"], flags["--lr-scheduler"], flags["--end-learning-rate"]) == ("0.00035", "polynomial_decay", "0")
     assert flags["--total-num-update"] == flags["--max-update"] == "1228"
+    # bounded by its updates, not by the source's time cap (fairseq carries the source's training time into it)
+    assert flags["--stop-time-hours"] == "0"
     assert flags["--save-dir"] == str(work / "bytenet-mt-anneal" / "checkpoints")
 
     os.remove(best)
@@ -577,7 +579,7 @@ def test_a_cool_down_starts_at_the_learning_rate_its_source_had_at_its_best_chec
     assert proc.returncode == 2 and "MT_SYSTEMS names bytenet-mt-shallow-anneal, which is not a cool-down" in proc.stderr
 
 
-def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together: str = "2", unreadable=()):
+def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together: str = "2", unreadable=(), **env):
     """examples/bytenet/run.sh's train-mt stage with a stand-in fairseq-train (``script``, sh, given its
     system's name as $name and the event log as $events), both sources' best checkpoints in place for the
     cool-downs' learning rates (not a checkpoint for the sources in ``unreadable``). The recipe's result and the
@@ -600,7 +602,7 @@ def _recipe_with_stand_in_training(tmp_path, script: str, systems: str, together
                            str(tmp_path / "s"), str(work)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PATH=f"{stand_ins}:{recipe_bin()}:{os.environ['PATH']}",
                                    MT_SYSTEMS=systems, LM_SYSTEMS="", STAGES="train-mt", TOGETHER=together,
-                                   TRAIN_POLL_SECONDS="0.1"))
+                                   TRAIN_POLL_SECONDS="0.1", **env))
     return proc, events.read_text().splitlines() if events.exists() else []
 
 
@@ -635,6 +637,39 @@ def test_a_cool_down_starts_as_soon_as_its_source_ends_while_the_other_trains_on
     assert [e for e in events if e.startswith("start")] == ["start bytenet-mt", "start transformer-mt",
                                                             "start bytenet-mt-anneal"]
     assert _most_at_once(events) == 1
+
+
+def test_a_training_stopped_at_its_time_cap_is_not_trained_again_and_its_cool_down_starts(tmp_path):
+    """Re-run, the recipe skips a system whose log ends in a stop by the time cap it still has (fairseq would
+    train one more update, then validate and save again) and starts its cool-down at once; a finished cool-down
+    (its update budget) is skipped too; a larger MT_MINUTES trains the system on."""
+    os.makedirs(tmp_path / "work" / "transformer-mt")
+    (tmp_path / "work" / "transformer-mt" / "train.log").write_text(
+        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
+        "| INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 10.0002 > stop_time_hours: "
+        "10.0 hour(s)\n")
+    proc, events = _recipe_with_stand_in_training(tmp_path, "", "bytenet-mt transformer-mt transformer-mt-anneal")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "start transformer-mt" not in events and sorted(events) == [
+        "end bytenet-mt", "end transformer-mt-anneal", "start bytenet-mt", "start transformer-mt-anneal"]
+    assert ("transformer-mt: stopped at its time budget, 10.000 > 10.0 hours ("
+            f"{tmp_path / 'work' / 'transformer-mt' / 'train.log'}): not trained again") in proc.stderr
+    (tmp_path / "work" / "transformer-mt-anneal" / "train.log").write_text(
+        "| INFO | fairseq.checkpoint_utils | loading pretrained model from best.pt: optimizer, lr scheduler ...\n"
+        "| INFO | fairseq_cli.train | Stopping training due to num_updates: 1228 >= max_update: 1228\n")
+    (tmp_path / "events").unlink()
+    proc, events = _recipe_with_stand_in_training(tmp_path, "", "transformer-mt transformer-mt-anneal")
+    assert proc.returncode == 0 and events == [], proc.stderr[-2000:]
+    assert "transformer-mt-anneal: stopped at its update budget, 1228 updates" in proc.stderr
+    proc, events = _recipe_with_stand_in_training(tmp_path, "", "transformer-mt", MT_MINUTES="700")
+    assert proc.returncode == 0 and events == ["start transformer-mt", "end transformer-mt"], proc.stderr[-2000:]
+
+
+def test_a_system_the_recipe_does_not_know_is_refused_before_any_training(tmp_path):
+    proc, events = _recipe_with_stand_in_training(tmp_path, "", "bytenet-mt bytenet-mt-tiny")
+    assert proc.returncode == 2 and events == []
+    assert "run.sh: MT_SYSTEMS names bytenet-mt-tiny, which is not a system of this recipe (its systems: " in proc.stderr
+    assert " transformer-mt " in proc.stderr
 
 
 def test_a_failed_training_starts_nothing_more_and_stops_the_recipe_naming_its_log(tmp_path):
@@ -822,6 +857,16 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
     assert [(point["epoch"], point["wall_seconds"]) for point in figures["curve"]] == [(1, 600), (2, 1300), (3, 1900)]
     # Started again from scratch (its checkpoints deleted): the earlier run's epochs count no more.
     log.write_text(scratch + epoch(1, 2.7, 600) + epoch(2, 2.5, 900) + scratch + epoch(1, 2.6, 500)
+                   + "| INFO | fairseq_cli.train | done training in 501.0 seconds\n")
+    figures = summarize.training(str(log))
+    assert [(point["epoch"], point["wall_seconds"]) for point in figures["curve"]] == [(1, 500)]
+    assert figures["wall_seconds"] == 501.0
+    # A cool-down (--finetune-from-model) started again after its checkpoints were deleted: fairseq logs the
+    # pretrained model's "Loaded checkpoint ... (epoch 16 @ 0 updates)"; a new training, not a resume at epoch 16.
+    finetune = ("| INFO | fairseq.checkpoint_utils | loading pretrained model from ckpt/checkpoint_best.pt: "
+                "optimizer, lr scheduler, meters, dataloader will be reset\n"
+                "| INFO | fairseq.trainer | Loaded checkpoint ckpt/checkpoint_best.pt (epoch 16 @ 0 updates)\n")
+    log.write_text(finetune + epoch(1, 2.7, 600) + epoch(2, 2.5, 1200) + finetune + epoch(1, 2.6, 500)
                    + "| INFO | fairseq_cli.train | done training in 501.0 seconds\n")
     figures = summarize.training(str(log))
     assert [(point["epoch"], point["wall_seconds"]) for point in figures["curve"]] == [(1, 500)]

@@ -108,6 +108,8 @@ variant_flags() {  # data dir, warm-start checkpoint, then extra fairseq-train f
 if stage train; then
   for variant in $VARIANTS; do
     stopped_by_patience "$WORK/$variant/train.log" "${PATIENCE:-3}" && continue  # a frozen variant at its plateau
+    # shellcheck disable=SC2046  # the variant's stop flags, as words
+    stopped_by_budget "$WORK/$variant/train.log" $(variant_stop "$variant") && continue  # a fine-tuning done
     mkdir -p "$WORK/$variant"
     # shellcheck disable=SC2046  # word splitting of the variant's flags is intended
     record fairseq-train $(variant_flags "$variant") --user-dir "$USER_DIR" \

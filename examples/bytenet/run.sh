@@ -109,8 +109,9 @@ start_training() {  # NAME: fairseq-train for "$WORK/<name>" in the background (
   local lr
   STARTED=
   stopped_by_patience "$WORK/$1/train.log" "$PATIENCE" && return 0
-  mkdir -p "$WORK/$1"
   eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
+  stopped_by_budget "$WORK/$1/train.log" "${flags[@]}" "${EXTRA_TRAIN[@]}" && return 0
+  mkdir -p "$WORK/$1"
   if [[ $1 == *-anneal ]]; then
     lr=$(cool_down_lr "$1") || return 1
     flags+=(--lr "$lr")
@@ -205,12 +206,15 @@ bytenet_lm_deep_wide_d50_FLAGS=("${bytenet_lm_deep_wide_FLAGS[@]}" --dropout 0.5
 # (fresh Adam moments, 12 warm-up updates) with the learning rate falling linearly from the one it had there to 0
 # over UPDATES: ANNEAL_UPDATES for the LMs (372: 3 epochs of 124 batches), MT_ANNEAL_UPDATES for the MT pair
 # (1228: 2 epochs of 614 batches). The starting rate is read from that checkpoint when the cool-down starts
-# (cool_down_lr), so a cool-down starts once its source's training has ended (train_systems).
+# (cool_down_lr), so a cool-down starts once its source's training has ended (train_systems). UPDATES bounds it,
+# not the source's --stop-time-hours: fairseq carries the source's training time into a --finetune-from-model run,
+# so a source stopped at its time cap would leave its cool-down one update.
 ANNEAL_UPDATES=${ANNEAL_UPDATES:-372}
 MT_ANNEAL_UPDATES=${MT_ANNEAL_UPDATES:-1228}
 anneal_flags() {  # SOURCE UPDATES: the cool-down of $WORK/SOURCE from its best checkpoint over UPDATES (no --lr)
   ANNEAL_FLAGS=(--finetune-from-model "$WORK/$1/checkpoints/checkpoint_best.pt" --lr-scheduler polynomial_decay
-    --power 1 --end-learning-rate 0 --warmup-updates 12 --total-num-update "$2" --max-update "$2")
+    --power 1 --end-learning-rate 0 --warmup-updates 12 --total-num-update "$2" --max-update "$2"
+    --stop-time-hours 0)
 }
 anneal_flags bytenet-lm-deep "$ANNEAL_UPDATES"
 bytenet_lm_deep_anneal_FLAGS=("${bytenet_lm_deep_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
@@ -249,6 +253,9 @@ train_with_cool_downs() {
   shift
   for name in "$@"; do
     if [[ $name == *-anneal ]]; then cool_downs+=("$name"); else from_scratch+=("$name"); fi
+    [[ $name == *-anneal ]] || declare -p "${name//-/_}_FLAGS" &> /dev/null || {
+      echo "run.sh: $list names $name, which is not a system of this recipe (its systems: $(compgen -A arrayvar |
+        sed -n 's/^\([a-z0-9_]*\)_FLAGS$/\1/p' | tr _ - | tr '\n' ' '))" >&2; exit 2; }
   done
   for name in "${cool_downs[@]}"; do
     start=$(cool_down_start "$name")
