@@ -118,8 +118,8 @@ def test_a_prefix_of_several_frames_then_one_at_a_time_equals_the_full_forward_p
 
 
 def test_a_decode_after_a_change_of_precision_reads_the_converted_parameters():
-    """The one-frame steps take the parameters as built at the start of each decode: after ``half()`` (or any
-    conversion that replaces them) the next decode must not read the old ones."""
+    """The one-frame steps take the parameters as built at the start of each decode: after a conversion that
+    replaces them (here double to float, as ``half()`` would) the next decode must not read the old ones."""
     model = build("bytenet_lm_tiny")
     target = _random_batch(model.decoder.dictionary, batch=2, source_len=1, target_len=6)[2]
     with torch.no_grad():
