@@ -297,7 +297,8 @@ if stage evaluate-mt; then
     # --lenpen 0: no length normalisation (the paper's setting), for both systems alike; BEAM also at each of
     # BEAM_LENPENS (fairseq's default 1: scores divided by length, since unnormalised ones make beam search favour
     # short outputs). Greedy search keeps one hypothesis, which no length penalty changes.
-    runs=("$BEAM:0" "1:0")
+    runs=("$BEAM:0")
+    (( BEAM == 1 )) || runs+=("1:0")
     for lenpen in $BEAM_LENPENS; do [[ $lenpen =~ ^0*\.?0*$ ]] || runs+=("$BEAM:$lenpen"); done
     for run in "${runs[@]}"; do
       beam=${run%:*} lenpen=${run#*:}
@@ -349,7 +350,7 @@ fi
 if stage saliency; then
   # The first pair of the test split, from prepare's copy of it (Multi30k's test_2016_flickr).
   record fairseq-plugins saliency --path "$(final_checkpoint "$(mt_system bytenet-mt)")" --data "$WORK/mt-data" \
-    --source "$(head -n 1 "$WORK/mt-data/raw/test.$SRC")" --target "$(head -n 1 "$WORK/mt-data/raw/test.$TGT")" \
+    --source="$(head -n 1 "$WORK/mt-data/raw/test.$SRC")" --target="$(head -n 1 "$WORK/mt-data/raw/test.$TGT")" \
     --output "$RESULTS/bytenet_saliency.png" --json "$RESULTS/bytenet_saliency.json"
 fi
 
