@@ -912,6 +912,12 @@ def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(t
     speed = summarize.speed_against_transformer(str(path))
     assert (speed["speed_ratio"], speed["speed_ratio_runs"], speed["speed_ratio_flags"]) == (0.9, [0.88, 0.9, 0.95], [])
     assert speed["bytenet"]["bleu"] == 15.0 and speed["transformer"]["bleu"] == 20.0 and speed["beam"] == 12
+    system = {"parameters": 6, "evaluated": "checkpoint_best.pt",
+              "training": {"stopped_by": "max epoch", "wall_seconds": 60, "curve": [
+                  {"epoch": 1, "valid_loss_base2": 2.0, "wall_seconds": 60}]}}
+    text = summarize.translation_markdown({"translation": {"bytenet-mt": system}, "speed_against_transformer": speed})
+    assert text.endswith(f"Speed, {speed['definition']}: **0.90** (0.88-0.95; runs 0.88, 0.90, 0.95), beam 12, batch 1, "
+                         "1 thread(s), 200 sentences, test CPU; ByteNet 2.00 sentences/s, the transformer 2.00.\n")
     path.write_text(json.dumps([{**versus, "method": "baseline", "baseline_checkpoint": versus["checkpoint"]}]))
     assert summarize.speed_against_transformer(str(path)) is None
     assert summarize.speed_against_transformer(str(tmp_path / "missing.json")) is None
@@ -953,6 +959,54 @@ def test_the_recipe_summary_scores_each_beam_and_length_penalty_of_a_translation
     assert mt["bleu_beam12_lenpen1"] == mt["bleu_beam1_lenpen0"] == 100.0
     assert 0 < mt["bleu_beam12_lenpen0"] < 100.0 and mt["beam12_lenpen0"]["bleu_brevity_penalty"] < 1.0
     assert (mt["beam12_lenpen0"]["hypothesis_length"], mt["beam12_lenpen0"]["reference_length"]) == (5, 7)
+
+
+def test_the_recipe_summary_writes_the_translation_tables_of_the_docs(tmp_path):
+    """bytenet_translation.md beside the summary: both systems' curves side by side (best in bold), the cool-down's
+    epochs after them with minutes counted on from its source's, and a row of scores per system (BLEU with
+    precisions, brevity penalty and length ratio; "-" where a decoding is missing), as docs/bytenet.md shows them."""
+    summarize = _recipe_summary()
+    work, raw = _summary_work(tmp_path)
+    (raw / "test.de").write_text("ein kleiner Hund läuft über die Wiese\n")
+    scratch = "| INFO | fairseq.trainer | No existing checkpoint found ckpt/checkpoint_last.pt\n"
+    finetune = "| INFO | fairseq.checkpoint_utils | loading pretrained model from ckpt/checkpoint_best.pt: ...\n"
+
+    def epochs(*points):
+        return "".join(f"| INFO | train | epoch {n:03d} | loss 2.9 | num_updates {10 * n} | wall {wall}\n"
+                       f"| INFO | valid | epoch {n:03d} | valid on 'valid' subset | loss {loss} | ppl 5 | "
+                       f"num_updates {10 * n}\n" for n, loss, wall in points)
+
+    logs = {"bytenet-mt": scratch + epochs((1, 2.5, 600), (2, 2.2, 1200), (3, 2.3, 1800))
+            + "| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 1 runs\n",
+            "transformer-mt": scratch + epochs((1, 2.6, 540), (2, 2.4, 1080), (3, 2.25, 1620), (4, 2.1, 2160)),
+            "bytenet-mt-anneal": finetune + epochs((1, 2.15, 300), (2, 2.1, 600))
+            + "| INFO | fairseq_cli.train | Stopping training due to num_updates: 20 >= max_update: 20\n"}
+    for name, log in logs.items():
+        (work / name / "checkpoints").mkdir(parents=True)
+        averaged = {"averaged_checkpoints": ["checkpoint1.pt", "checkpoint2.pt", "checkpoint3.pt"]}
+        torch.save({"model": {"w": torch.zeros(1000, 2000)}, "extra_state": averaged if name == "bytenet-mt" else {}},
+                   work / name / "checkpoints" / ("checkpoint_avg.pt" if name == "bytenet-mt" else "checkpoint_best.pt"))
+        (work / name / "train.log").write_text(log)
+        (work / name / "test.beam1.txt").write_text("ein kleiner Hund läuft über die Wiese\n")
+    (work / "bytenet-mt" / "test.beam12.txt").write_text("ein kleiner Hund läuft über\n")
+    out = tmp_path / "results" / "bytenet.json"
+    out.parent.mkdir()
+    summarize.main(str(work), str(raw), str(out))
+    lines = (tmp_path / "results" / "bytenet_translation.md").read_text().splitlines()
+    assert lines[0] == ("| epoch | `bytenet-mt` validation loss (base 2) | `bytenet-mt` training minutes | "
+                        "`transformer-mt` validation loss (base 2) | `transformer-mt` training minutes |")
+    assert lines[2:8] == ["| 1 | 2.500 | 10 | 2.600 | 9 |", "| 2 | **2.200** | 20 | 2.400 | 18 |",
+                          "| 3 | 2.300 | 30 | 2.250 | 27 |", "| 4 |  |  | **2.100** | 36 |",
+                          "| cool-down 1 | 2.150 | 35 |  |  |", "| cool-down 2 | **2.100** | 40 |  |  |"]
+    assert lines[9] == ("| system | parameters | evaluated | training minutes; stopped by | BLEU beam 12, lenpen 0 | "
+                        "BLEU greedy |")
+    assert lines[11].startswith("| `bytenet-mt` | 2.00M | epochs 1-3 | 30; patience (plateau of validation loss) | ")
+    assert lines[11].endswith(" | 100.00 (100.0/100.0/100.0/100.0, BP 1.000, ratio 1.000) |")
+    assert " BP 0." in lines[11] and "ratio 0.714)" in lines[11]  # beam 12: 5 of the 7 reference words
+    assert lines[12].startswith("| `transformer-mt` | 2.00M | checkpoint_best.pt | 36; not finished ")
+    assert " | - | 100.00 " in lines[12]
+    assert lines[13].startswith("| `bytenet-mt-anneal` | 2.00M | checkpoint_best.pt | 40; update budget (--max-update) | - |")
+    assert lines[15].startswith("sacreBLEU signature: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
 
 
 def test_the_recipe_summary_takes_a_device_trained_lm_from_its_logs(tmp_path):

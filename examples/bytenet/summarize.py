@@ -7,7 +7,8 @@ eval-lm.log alone, the parameter count from the log),
 WORK/commands.txt, the references of RAW_DIR's test split (the corpus WORK/mt-data was prepared from, in the
 languages of WORK/mt-data/prepare.json; Multi30k: test_2016_flickr.de) and the bench JSONs bytenet_length.json and
 bytenet_speed.json beside OUT.json. Writes beside OUT.json the figures bytenet_length.png (time against length)
-and bytenet_curves.png (validation loss against training time, translation and language models).
+and bytenet_curves.png (validation loss against training time, translation and language models), and
+bytenet_translation.md: the translation systems' curves and scores as the Markdown tables of docs/bytenet.md.
 """
 
 import glob
@@ -209,6 +210,87 @@ def plot_curves(result: dict, path: str) -> None:
     save_png(fig, path, dpi=120)
 
 
+def _averaged_epochs(system: dict) -> str:
+    """"epochs 11-15" for an average of consecutive epoch checkpoints, else the files' names."""
+    averaged = system.get("averaged")
+    if not averaged:
+        return system["evaluated"]
+    epochs = [int(m.group(1)) for m in (re.fullmatch(r"checkpoint(\d+)\.pt", os.path.basename(n)) for n in averaged) if m]
+    if len(epochs) == len(averaged) and epochs == list(range(epochs[0], epochs[0] + len(epochs))):
+        return f"epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else f"epoch {epochs[0]}"
+    return ", ".join(os.path.basename(n) for n in averaged)
+
+
+def _bleu_cell(figures: dict) -> str:
+    precisions = "/".join(f"{p:.1f}" for p in figures["bleu_precisions"])
+    return (f"{figures['bleu']:.2f} ({precisions}, BP {figures['bleu_brevity_penalty']:.3f}, "
+            f"ratio {figures['length_ratio']:.3f})")
+
+
+def _decoding_label(run: str) -> str:
+    beam, lenpen = re.fullmatch(r"beam(\d+)_lenpen(.+)", run).groups()
+    return "greedy" if beam == "1" else f"beam {beam}, lenpen {lenpen}"
+
+
+def translation_markdown(result: dict) -> str:
+    """The translation part of a summary as Markdown, for docs/bytenet.md: each system's validation curve with
+    the training minutes at each epoch's end (best in bold; a cool-down's epochs after its source's, its minutes
+    counted on from the source's), then each system's scores (sacreBLEU with precisions, brevity penalty and
+    output/reference length ratio) and the speed of ByteNet against the transformer where the bench timed it."""
+    systems = result["translation"]
+    if not systems:
+        return ""
+    sources = [name for name in systems if not name.endswith("-anneal")]
+
+    def cells(name, epoch):
+        system = systems.get(name)
+        training = system["training"] if system else {}
+        point = next((p for p in training.get("curve", []) if p["epoch"] == epoch), None)
+        if point is None:
+            return ["", ""]
+        loss = f"{point['valid_loss_base2']:.3f}"
+        if min(p["valid_loss_base2"] for p in training["curve"]) == point["valid_loss_base2"]:
+            loss = f"**{loss}**"
+        return [loss, f"{((training.get('source_wall_seconds') or 0) + point['wall_seconds']) / 60:.0f}"]
+
+    header = ["epoch"] + [f"`{name}` {column}" for name in sources
+                          for column in ("validation loss (base 2)", "training minutes")]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    last = max((p["epoch"] for n in sources for p in systems[n]["training"]["curve"]), default=0)
+    for epoch in range(1, last + 1):
+        lines.append("| " + " | ".join([str(epoch)] + [c for n in sources for c in cells(n, epoch)]) + " |")
+    cool_last = max((p["epoch"] for n in sources if f"{n}-anneal" in systems
+                     for p in systems[f"{n}-anneal"]["training"]["curve"]), default=0)
+    for epoch in range(1, cool_last + 1):
+        lines.append("| " + " | ".join([f"cool-down {epoch}"] + [c for n in sources
+                                                                 for c in cells(f"{n}-anneal", epoch)]) + " |")
+
+    runs = sorted({key for system in systems.values() for key in system if re.fullmatch(r"beam\d+_lenpen.+", key)},
+                  key=lambda run: (run.startswith("beam1_"), run))
+    header = ["system", "parameters", "evaluated", "training minutes; stopped by"] + [
+        f"BLEU {_decoding_label(run)}" for run in runs]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, system in systems.items():
+        training = system["training"]
+        minutes = ((training.get("source_wall_seconds") or 0) + (training["wall_seconds"] or 0)) / 60
+        row = [f"`{name}`", f"{system['parameters'] / 1e6:.2f}M", _averaged_epochs(system),
+               f"{minutes:.0f}; {training['stopped_by']}"]
+        row += [_bleu_cell(system[run]) if run in system else "-" for run in runs]
+        lines.append("| " + " | ".join(row) + " |")
+    signatures = sorted({system[run]["bleu_signature"] for system in systems.values() for run in runs if run in system})
+    if signatures:
+        lines += ["", f"sacreBLEU signature: `{'`, `'.join(signatures)}`."]
+    speed = result.get("speed_against_transformer")
+    if speed:
+        lines += ["", f"Speed, {speed['definition']}: **{speed['speed_ratio']:.2f}** ({speed['speed_ratio_min']:.2f}-"
+                      f"{speed['speed_ratio_max']:.2f}; runs {', '.join(f'{r:.2f}' for r in speed['speed_ratio_runs'])}"
+                      f"{'; flagged: ' + ', '.join(speed['speed_ratio_flags']) if speed['speed_ratio_flags'] else ''}), "
+                      f"beam {speed['beam']}, batch {speed['batch_size']}, {speed['threads']} thread(s), "
+                      f"{speed['sentences']} sentences, {speed['device']}; ByteNet {speed['bytenet']['sentences_per_s']:.2f} "
+                      f"sentences/s, the transformer {speed['transformer']['sentences_per_s']:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
 def test_split_references(work: str, raw_dir: str) -> (str, list):
     """The test split's file stem in ``raw_dir`` and its target side, found as `fairseq-plugins prepare` found
     them for WORK/mt-data (same languages, same split names: Multi30k's test_2016_flickr, else test)."""
@@ -275,6 +357,8 @@ def main(work: str, raw_dir: str, out: str) -> None:
     if result["length_scaling"]:
         plot_length(result["length_scaling"], os.path.join(results_dir, "bytenet_length.png"))
     plot_curves(result, os.path.join(results_dir, "bytenet_curves.png"))
+    with atomic_output(os.path.join(results_dir, "bytenet_translation.md")) as f:
+        f.write(translation_markdown(result))
     result.update({
         "bleu": f"sacreBLEU on {test_name} (detokenised characters, default signature)",
         "bits_per_character": "fairseq-eval-lm loss (base 2) on Tiny Shakespeare valid: one token per character, "
