@@ -55,6 +55,8 @@ def training(log_path: str) -> dict:
     """Updates, validations, wall-clock time and the validation curve of a fairseq-train log (``read_log``'s
     record of it: the training since its last start from scratch, a resumed run's log appended): per epoch its
     validation loss and the seconds of training so far at its end, counted across resumes."""
+    if not os.path.isfile(log_path):
+        raise SystemExit(f"{log_path}: missing: the summary reads the fairseq-train log of every system with a checkpoint")
     record = read_log(log_path)
     curve = [{"epoch": point["epoch"], "valid_loss_base2": point["loss"], "wall_seconds": point["wall_seconds"]}
              for point in record["curve"] if point["wall_seconds"] is not None]
@@ -137,8 +139,11 @@ def _cached_side(result: dict):
 def length_scaling(bench_json: str) -> dict:
     if not os.path.isfile(bench_json):
         return {}
+    results = report.load_results(bench_json)
+    if not results:
+        return {}  # an empty list: the bench stage started the file and timed nothing
     rows = {}
-    for result in report.load_results(bench_json):
+    for result in results:
         length = result["generator"]["min_len"]
         cached, recomputed, invert = _cached_side(result)
         rows[length] = {
