@@ -233,9 +233,10 @@ RECIPE_TRAININGS = {
 }
 
 
-def _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, log_text):
-    """The recipe's train stage with a stand-in fairseq-train that records its --save-dir, ``stopped``'s log
-    holding ``log_text``: the recipe's result and the save dirs trained."""
+def _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, stop_line):
+    """The recipe's train stage with a stand-in fairseq-train that records its --save-dir, ``stopped``'s log a
+    training from scratch that ended with ``stop_line``: checks that only ``other`` was trained, and returns the
+    recipe's stderr."""
     args = RECIPE_TRAININGS[recipe][0]
     base, work = tmp_path / "base", tmp_path / "work"
     os.makedirs(base / "data")
@@ -243,7 +244,9 @@ def _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, lo
     os.makedirs(base / "checkpoints")
     (base / "checkpoints" / "checkpoint_best.pt").write_bytes(b"")
     os.makedirs(work / stopped)
-    (work / stopped / "train.log").write_text(log_text)
+    (work / stopped / "train.log").write_text(
+        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
+        f"| INFO | fairseq_cli.train | {stop_line}\n")
     stand_ins, calls = tmp_path / "bin", tmp_path / "calls"
     os.makedirs(stand_ins)
     (stand_ins / "fairseq-train").write_text(
@@ -255,7 +258,8 @@ def _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, lo
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PATH=f"{stand_ins}:{venv_bin}:{os.environ['PATH']}", **env))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc, calls.read_text().split() if calls.exists() else []
+    assert (calls.read_text().split() if calls.exists() else []) == [str(work / other / "checkpoints")]
+    return proc.stderr
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPE_TRAININGS))
@@ -264,14 +268,11 @@ def test_no_recipe_trains_again_a_system_that_patience_stopped(recipe, tmp_path)
     resume and train past the plateau, moving the epochs averaged) and trains the others: checked with a stand-in
     fairseq-train that records its --save-dir."""
     _, env, (stopped, other), patience = RECIPE_TRAININGS[recipe]
-    proc, trained = _train_stage_with_a_stopped_system(
+    stderr = _train_stage_with_a_stopped_system(
         recipe, tmp_path, env, stopped, other,
-        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
-        f"| INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last {patience} runs\n")
-    work = tmp_path / "work"
-    assert trained == [str(work / other / "checkpoints")]
+        f"early stop since valid performance hasn't improved for last {patience} runs")
     assert (f"{stopped}: stopped at its plateau ({patience} validations without a new best; "
-            f"{work / stopped / 'train.log'}): not trained again" in proc.stderr)
+            f"{tmp_path / 'work' / stopped / 'train.log'}): not trained again" in stderr)
 
 
 # The recipes whose trainings have a time or update budget: a system that reached it, the other, and the stop line.
@@ -289,10 +290,5 @@ def test_no_recipe_trains_again_a_system_that_reached_its_budget(recipe, tmp_pat
     """Re-run, a recipe's train stage skips a system whose log ends in a stop by the time or update budget it
     would still run with (fairseq would train one more update, then validate and save again)."""
     env, stopped, other, stop = RECIPE_BUDGETS[recipe]
-    proc, trained = _train_stage_with_a_stopped_system(
-        recipe, tmp_path, env, stopped, other,
-        "| INFO | fairseq.trainer | No existing checkpoint found checkpoints/checkpoint_last.pt\n"
-        f"| INFO | fairseq_cli.train | Stopping training due to {stop}\n")
-    work = tmp_path / "work"
-    assert trained == [str(work / other / "checkpoints")]
-    assert f"{stopped}: stopped at its" in proc.stderr and "not trained again (a larger budget trains it on)" in proc.stderr
+    stderr = _train_stage_with_a_stopped_system(recipe, tmp_path, env, stopped, other, f"Stopping training due to {stop}")
+    assert f"{stopped}: stopped at its" in stderr and "not trained again (a larger budget trains it on)" in stderr

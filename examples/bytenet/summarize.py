@@ -237,6 +237,11 @@ def _decoding_label(run: str) -> str:
     return "greedy" if beam == "1" else f"beam {beam}, lenpen {lenpen}"
 
 
+def _minutes_from_source_start(training: dict, seconds) -> float:
+    """Training minutes counted from the start of the source's training (a cool-down goes on from its source's)."""
+    return ((training.get("source_wall_seconds") or 0) + (seconds or 0)) / 60
+
+
 def translation_markdown(result: dict) -> str:
     """The translation part of a summary as Markdown, for docs/bytenet.md: each system's validation curve with
     the training minutes at each epoch's end (best in bold; a cool-down's epochs after its source's, its minutes
@@ -256,7 +261,7 @@ def translation_markdown(result: dict) -> str:
         loss = f"{point['valid_loss_base2']:.3f}"
         if min(p["valid_loss_base2"] for p in training["curve"]) == point["valid_loss_base2"]:
             loss = f"**{loss}**"
-        return [loss, f"{((training.get('source_wall_seconds') or 0) + point['wall_seconds']) / 60:.0f}"]
+        return [loss, f"{_minutes_from_source_start(training, point['wall_seconds']):.0f}"]
 
     header = ["epoch"] + [f"`{name}` {column}" for name in sources
                           for column in ("validation loss (base 2)", "training minutes")]
@@ -277,9 +282,8 @@ def translation_markdown(result: dict) -> str:
     lines += ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, system in systems.items():
         training = system["training"]
-        minutes = ((training.get("source_wall_seconds") or 0) + (training["wall_seconds"] or 0)) / 60
         row = [f"`{name}`", f"{system['parameters'] / 1e6:.2f}M", _averaged_epochs(system),
-               f"{minutes:.0f}; {training['stopped_by']}"]
+               f"{_minutes_from_source_start(training, training['wall_seconds']):.0f}; {training['stopped_by']}"]
         row += [_bleu_cell(system[run]) if run in system else "-" for run in runs]
         lines.append("| " + " | ".join(row) + " |")
     signatures = sorted({system[run]["bleu_signature"] for system in systems.values() for run in runs if run in system})
