@@ -937,9 +937,10 @@ def _summary_work(tmp_path):
     return work, raw
 
 
-def test_the_recipe_summary_scores_each_beam_and_length_penalty_of_a_translation_system(tmp_path):
+def test_the_recipe_summary_scores_each_beam_and_length_penalty_of_a_translation_system(tmp_path, capsys):
     """test.beam12.txt is beam 12 at --lenpen 0 (the paper's), test.beam12.lenpen1.txt at --lenpen 1 (fairseq's
-    default): each scored against the test references under its own name, with brevity penalty and length."""
+    default): each scored against the test references under its own name, with brevity penalty and length; an
+    output older than the checkpoint scored is left out, and said."""
     summarize = _recipe_summary()
     work, raw = _summary_work(tmp_path)
     (raw / "test.de").write_text("ein kleiner Hund läuft über die Wiese\n")
@@ -951,11 +952,17 @@ def test_the_recipe_summary_scores_each_beam_and_length_penalty_of_a_translation
     (system / "test.beam12.txt").write_text("ein kleiner Hund läuft über\n")
     (system / "test.beam12.lenpen1.txt").write_text("ein kleiner Hund läuft über die Wiese\n")
     (system / "test.beam1.txt").write_text("ein kleiner Hund läuft über die Wiese\n")
+    # A beam no longer evaluated, translated by an earlier checkpoint than the one scored: not its figures.
+    (system / "test.beam4.txt").write_text("ein Hund\n")
+    checkpoint_time = os.path.getmtime(system / "checkpoints" / "checkpoint_avg.pt")
+    os.utime(system / "test.beam4.txt", (checkpoint_time - 60, checkpoint_time - 60))
     out = tmp_path / "results" / "bytenet.json"
     out.parent.mkdir()
     summarize.main(str(work), str(raw), str(out))
     mt = json.loads(out.read_text())["translation"]["bytenet-mt"]
     assert mt["parameters"] == 6
+    assert "bleu_beam4_lenpen0" not in mt and "beam4_lenpen0" not in mt
+    assert "test.beam4.txt: older than" in capsys.readouterr().err
     assert mt["bleu_beam12_lenpen1"] == mt["bleu_beam1_lenpen0"] == 100.0
     assert 0 < mt["bleu_beam12_lenpen0"] < 100.0 and mt["beam12_lenpen0"]["bleu_brevity_penalty"] < 1.0
     assert (mt["beam12_lenpen0"]["hypothesis_length"], mt["beam12_lenpen0"]["reference_length"]) == (5, 7)

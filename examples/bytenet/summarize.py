@@ -329,14 +329,20 @@ def main(work: str, raw_dir: str, out: str) -> None:
     test_name, references = test_split_references(work, raw_dir)
     result = {"translation": {}, "language_model": {}}
     for name in MT_SYSTEMS:
-        if final_checkpoint(work, name) is None:
+        checkpoint = final_checkpoint(work, name)
+        if checkpoint is None:
             continue  # not trained (yet)
-        system = {**checkpoint_figures(final_checkpoint(work, name)), "training": training(f"{work}/{name}/train.log")}
+        system = {**checkpoint_figures(checkpoint), "training": training(f"{work}/{name}/train.log")}
         for path in sorted(glob.glob(f"{work}/{name}/test.beam*.txt")):
             # test.beam12.txt: --lenpen 0; test.beam12.lenpen1.txt: --lenpen 1
             found = re.search(r"test\.beam(\d+)(?:\.lenpen(-?[0-9.]+))?\.txt$", path)
             if not found:
                 continue  # not an evaluate-mt output
+            if os.path.getmtime(path) < os.path.getmtime(checkpoint):
+                # e.g. a beam no longer in BEAM/BEAM_LENPENS, from a checkpoint since averaged or cooled anew
+                print(f"{path}: older than {checkpoint}, so not its translation: not scored "
+                      f"(the evaluate-mt stage writes it anew)", file=sys.stderr)
+                continue
             run = f"beam{found.group(1)}_lenpen{found.group(2) or 0}"
             figures = bleu(path, references)
             system[f"bleu_{run}"] = figures["bleu"]
