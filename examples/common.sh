@@ -18,6 +18,9 @@
 #   stopped_by_patience LOG PATIENCE
 #                  true, with a note on stderr, when the fairseq-train log LOG ends in a stop by --patience of at
 #                  least PATIENCE: the recipes do not train that system again
+#   last_flag_value FLAG FLAGS...
+#                  the value of the last FLAG among FLAGS (`FLAG VALUE` or `FLAG=VALUE`; argparse keeps the last),
+#                  empty where FLAGS have none
 #   stopped_by_budget LOG FLAGS...
 #                  true, with a note on stderr, when LOG ends in a stop by the time or update budget
 #                  (--stop-time-hours, --max-update) that FLAGS, the flags the training would run with, still set:
@@ -114,24 +117,31 @@ stopped_by_patience() {  # LOG PATIENCE
     "not trained again (a larger PATIENCE trains it on)" >&2
 }
 
+last_flag_value() {  # FLAG FLAGS...
+  local flag=$1 value=
+  shift
+  while (( $# )); do
+    case $1 in
+      "$flag") value=${2-}; (( $# == 1 )) || shift ;;
+      "$flag"=*) value=${1#*=} ;;
+    esac
+    shift
+  done
+  printf '%s' "$value"
+}
+
 # Whether the fairseq-train log LOG ends in a stop by its time or update budget that FLAGS (the flags the training
 # would run with now; their last --stop-time-hours and --max-update count, 0 or absent: no budget) have not raised,
 # said on stderr: re-run, fairseq would resume, train one more update before it checks either budget, then validate
 # and save again (moving checkpoint_best.pt and the curves). Only the budget of the last stop line since the last
 # start from scratch or from --finetune-from-model counts: one a larger budget has trained past does not.
 stopped_by_budget() {  # LOG FLAGS...
-  local log=$1 hours=0 updates=0 why
+  local log=$1 hours updates why
   shift
   [[ -f $log ]] || return 1
-  while (( $# )); do
-    case $1 in
-      --stop-time-hours) hours=${2:-0}; shift ;;
-      --stop-time-hours=*) hours=${1#*=} ;;
-      --max-update) updates=${2:-0}; shift ;;
-      --max-update=*) updates=${1#*=} ;;
-    esac
-    (( $# )) && shift
-  done
+  hours=$(last_flag_value --stop-time-hours "$@")
+  updates=$(last_flag_value --max-update "$@")
+  hours=${hours:-0} updates=${updates:-0}
   # fairseq's lines: "Stopping training due to cumulative_training_time: 10.0003 > stop_time_hours: 10.0 hour(s)",
   # "Stopping training due to num_updates: 1228 >= max_update: 1228"
   why=$(awk -v hours="$hours" -v updates="$updates" '

@@ -182,6 +182,24 @@ def test_the_recipes_know_a_training_that_patience_stopped(tmp_path):
     assert not stopped(None)
 
 
+def test_the_recipes_read_the_last_value_of_a_flag():
+    """examples/common.sh's last_flag_value: as argparse reads it, the last of `FLAG VALUE` and `FLAG=VALUE`;
+    empty where the flag is absent or ends the list without a value; other flags and prefixes not taken for it."""
+    def value(*words):
+        proc = subprocess.run(["bash", "-c", "set -euo pipefail; source examples/tools.sh; source examples/common.sh; "
+                               "last_flag_value \"$@\"", "-", *words], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert value("--max-update", "--lr", "1e-3", "--max-update", "10", "--max-update=20") == "20"
+    assert value("--max-update", "--max-update=20", "--max-update", "30", "--lr", "1") == "30"
+    assert value("--finetune-from-model", "--finetune-from-model", "a b/c.pt") == "a b/c.pt"
+    assert value("--max-update", "--max-update-x", "5", "--lr", "1") == ""
+    assert value("--max-update", "--lr", "1", "--max-update") == ""
+    assert value("--max-update") == ""
+
+
 def test_the_recipes_know_a_training_that_stopped_at_its_budget(tmp_path):
     """examples/common.sh's stopped_by_budget: a log whose last stop was by the time or update budget that the
     flags still set (a re-run would train one more update, validate and save again), also where a re-run was cut

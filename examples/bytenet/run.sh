@@ -226,10 +226,7 @@ anneal_flags transformer-mt "$MT_ANNEAL_UPDATES"
 transformer_mt_anneal_FLAGS=("${transformer_mt_FLAGS[@]}" "${ANNEAL_FLAGS[@]}")
 cool_down_start() {  # NAME: the checkpoint a "-anneal" system starts from (its --finetune-from-model)
   eval "local flags=(\"\${${1//-/_}_FLAGS[@]}\")"
-  local i
-  for i in "${!flags[@]}"; do
-    if [[ ${flags[$i]} == --finetune-from-model ]]; then echo "${flags[$((i + 1))]}"; fi
-  done
+  last_flag_value --finetune-from-model "${flags[@]}"
 }
 # The learning rate a cool-down NAME starts at: the one its source's optimiser had in the checkpoint it starts
 # from; a resumed cool-down keeps the one it started at (its own checkpoint's --lr: the source may be gone).
