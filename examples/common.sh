@@ -10,6 +10,9 @@
 #   epochs SYSTEM  $EPOCHS_<system> (dashes as underscores) if set, else $EPOCHS
 #   record CMD...  run CMD and append it (once) to $COMMANDS, the provenance bench reads with --provenance
 #   stage NAME     true when NAME is one of the words of $STAGES
+#   minutes_as_hours MINUTES NAME
+#                  MINUTES as fairseq-train's --stop-time-hours value (the recipes take their budgets in minutes);
+#                  stops (exit 2, naming the setting NAME) unless MINUTES is a number >= 0
 #   distill_training_set BASE OUT [fairseq-generate flags...]
 #                  sequence-level distillation from examples/baseline's model (work dir BASE): it translates
 #                  its training source at beam 5; OUT/tok/train.{$SRC,$TGT} is the distilled pair (pieces),
@@ -65,6 +68,10 @@ record() {
   "$@"
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+minutes_as_hours() {  # MINUTES NAME
+  [[ $1 =~ ^[0-9]+([.][0-9]*)?$ ]] || { echo "$2=$1: not a number of minutes" >&2; exit 2; }
+  python3 -c "import sys; print(float(sys.argv[1]) / 60)" "$1"
+}
 
 distill_training_set() {
   local base=$1 out=$2

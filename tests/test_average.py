@@ -200,6 +200,24 @@ def test_the_recipes_read_the_last_value_of_a_flag():
     assert value("--max-update") == ""
 
 
+def test_the_recipes_turn_a_budget_in_minutes_into_stop_time_hours():
+    """examples/common.sh's minutes_as_hours: minutes / 60 as --stop-time-hours reads it; anything but a number
+    of minutes stops the recipe (exit 2) with the setting it came from named, before a training starts."""
+    def hours(minutes, name="MT_MINUTES"):
+        return subprocess.run(["bash", "-c", "set -euo pipefail; source examples/tools.sh; source examples/common.sh; "
+                               "HOURS=(--stop-time-hours \"$(minutes_as_hours \"$1\" \"$2\")\"); echo \"${HOURS[1]}\"",
+                               "-", minutes, name], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    for minutes, expected in [("600", 10.0), ("90", 1.5), ("2.5", 2.5 / 60), ("0", 0.0)]:
+        proc = hours(minutes)
+        assert proc.returncode == 0, proc.stderr
+        assert float(proc.stdout) == expected
+    for bad in ["", "ten", "-5", "1e3", "10 min", "$(echo 1)"]:
+        proc = hours(bad, "GPU_MINUTES")
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert f"GPU_MINUTES={bad}: not a number of minutes" in proc.stderr
+
+
 def test_the_recipes_know_a_training_that_stopped_at_its_budget(tmp_path):
     """examples/common.sh's stopped_by_budget: a log whose last stop was by the time or update budget that the
     flags still set (a re-run would train one more update, validate and save again), also where a re-run was cut

@@ -63,6 +63,7 @@ mkdir -p "$WORK"
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
 if [[ -f $BASE/data/prepare.json ]]; then check_langs "$BASE/data"; fi
+[[ -z ${MINUTES:-} ]] || minutes_as_hours "$MINUTES" MINUTES > /dev/null  # a bad MINUTES stops before any work
 
 # ---- self-distillation (greedy) and sequence-level distillation (beam 5) ---------------------------------
 SELF_DISTILL=$WORK/self_distill
@@ -73,17 +74,16 @@ if stage distill; then
 fi
 
 # ---- blockwise models, warm-started from the baseline ----------------------------------------------------
-hours() { python -c "print($1 / 60)"; }
 # Frozen variants: a plateau of the heads' mean validation accuracy, within EPOCHS (and MINUTES if given);
 # fine-tuned ones: FINETUNE_UPDATES (and MINUTES).
 variant_stop() {
   case $1 in
     self|regular|distilled)
       echo "--max-epoch ${EPOCHS:-40} --patience ${PATIENCE:-3} --best-checkpoint-metric proposal_accuracy"
-      echo "--maximize-best-checkpoint-metric ${MINUTES:+--stop-time-hours $(hours "$MINUTES")}" ;;
+      echo "--maximize-best-checkpoint-metric ${MINUTES:+--stop-time-hours $(minutes_as_hours "$MINUTES" MINUTES)}" ;;
     # Fine-tuned: the checkpoint whose p_1 (exact blockwise = its greedy decoding) has the best validation
     # BLEU, since the base itself changes.
-    *) echo "--max-update ${FINETUNE_UPDATES:-200} ${MINUTES:+--stop-time-hours $(hours "$MINUTES")}"
+    *) echo "--max-update ${FINETUNE_UPDATES:-200} ${MINUTES:+--stop-time-hours $(minutes_as_hours "$MINUTES" MINUTES)}"
        echo "--eval-bleu --eval-bleu-args {\"beam\":1} --eval-bleu-remove-bpe sentencepiece"
        echo "--best-checkpoint-metric bleu --maximize-best-checkpoint-metric" ;;
   esac

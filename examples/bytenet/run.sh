@@ -66,7 +66,6 @@ COMMANDS=$WORK/commands.txt
 mkdir -p "$WORK" "$RESULTS"
 # shellcheck source=examples/common.sh
 source "$(dirname "$0")/../common.sh"  # SRC, TGT, check_langs, record (run + keep as provenance), stage
-hours() { python -c "print($1 / 60)"; }
 CPU_FLAG=$([[ $DEVICE == cpu ]] && echo --cpu || true)
 # checkpoint_last.pt also every SAVE_LAST_UPDATES updates inside an epoch, without a validation
 # (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES; README, "A training cut mid-epoch"): a training cut off mid-epoch resumes from
@@ -87,7 +86,7 @@ COMMON_TRAIN=(--user-dir "$USER_DIR" $CPU_FLAG --optimizer adam --adam-betas "(0
   --log-format simple --log-interval 50 --keep-last-epochs "$((AVERAGE + PATIENCE))" --patience "$PATIENCE")
 MT_TRAIN=("$WORK/mt-data/bin" --task translation --source-lang "$SRC" --target-lang "$TGT"
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --warmup-updates 1000
-  --stop-time-hours "$(hours "$MT_MINUTES")" --max-epoch 100)
+  --stop-time-hours "$(minutes_as_hours "$MT_MINUTES" MT_MINUTES)" --max-epoch 100)
 read -ra EXTRA_TRAIN <<< "${TRAIN_FLAGS:-}"
 read -ra EXTRA_MT_TRAIN <<< "${MT_TRAIN_FLAGS:-}"
 # A transformer with the ByteNet's parameter count (5.95M vs 6.00M): 3+3 layers, d 256, FFN 1152.
@@ -95,7 +94,7 @@ MT_TRANSFORMER=(--arch transformer --encoder-layers 3 --decoder-layers 3 --encod
   --decoder-embed-dim 256 --encoder-ffn-embed-dim 1152 --decoder-ffn-embed-dim 1152
   --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings)
 LM_TRAIN=("$WORK/lm-data/bin" --task language_modeling --tokens-per-sample 256 --sample-break-mode none
-  --criterion cross_entropy --max-tokens 8192 --warmup-updates 100 --stop-time-hours "$(hours "$LM_MINUTES")" --max-epoch 100)
+  --criterion cross_entropy --max-tokens 8192 --warmup-updates 100 --stop-time-hours "$(minutes_as_hours "$LM_MINUTES" LM_MINUTES)" --max-epoch 100)
 # transformer_lm with the ByteNet LM's parameter count (4.66M vs 4.68M): 5 layers, d 256, FFN 1184.
 LM_TRANSFORMER=(--arch transformer_lm --decoder-layers 5 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1184
   --decoder-attention-heads 4 --share-decoder-input-output-embed)

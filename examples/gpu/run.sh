@@ -47,6 +47,8 @@ export SRC=${SRC:-en} TGT=${TGT:-de}  # (every recipe the kit runs reads them to
 if [[ $DEVICE == cuda ]]; then TRAIN_FLAGS=${TRAIN_FLAGS---fp16}; else TRAIN_FLAGS=${TRAIN_FLAGS-}; fi
 export TRAIN_FLAGS
 KIT=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=examples/common.sh
+source "$KIT/../common.sh"
 
 fail() { echo "examples/gpu/run.sh $STAGE: $*" >&2; exit 2; }
 
@@ -115,8 +117,6 @@ EOF
     STAGES="train evaluate" examples/baseline/run.sh "$BASE/data/raw" "$BASE" > "$BASE/train.log" 2>&1 \
       || fail "the baseline recipe failed: $(tail -1 "$BASE/train.log") (see $BASE/train.log)"
     grep -E "valid on|^beam [0-9]|done training" "$BASE/train.log" | cut -c1-160
-    # shellcheck source=examples/common.sh
-    source "$KIT/../common.sh"
     USER_DIR=$(fairseq-plugins user-dir)
     COMMANDS=$WORK/distill/commands.txt
     mkdir -p "$WORK/distill"
@@ -129,7 +129,7 @@ EOF
     [[ -f $BASE/checkpoints/checkpoint_best.pt ]] || fail "$BASE/checkpoints/checkpoint_best.pt: no baseline (stage baseline)"
     [[ -f $WORK/distill/beam5/bin/train.$SRC-$TGT.$TGT.bin ]] || fail "$WORK/distill/beam5/bin: no distilled set (stage baseline)"
     minutes=${GPU_MINUTES:-4}
-    stop="--stop-time-hours $(python3 -c "print(round($minutes / 60, 4))")"
+    stop="--stop-time-hours $(minutes_as_hours "$minutes" GPU_MINUTES)"
     jobs_started=()
     launch() {  # NAME METHOD RECIPE-ENV...: one recipe's train stage in the background, logged to WORK/gpu/NAME.log
       local name=$1 method=$2 flags_var="TRAIN_FLAGS_$2"
