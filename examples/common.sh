@@ -69,7 +69,7 @@ record() {
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 minutes_as_hours() {  # MINUTES NAME
-  [[ $1 =~ ^[0-9]+([.][0-9]*)?$ ]] || { echo "$2=$1: not a number of minutes" >&2; exit 2; }
+  [[ $1 =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || { echo "$2=$1: not a number of minutes" >&2; exit 2; }
   python3 -c "import sys; print(float(sys.argv[1]) / 60)" "$1"
 }
 

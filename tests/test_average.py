@@ -208,11 +208,11 @@ def test_the_recipes_turn_a_budget_in_minutes_into_stop_time_hours():
                                "HOURS=(--stop-time-hours \"$(minutes_as_hours \"$1\" \"$2\")\"); echo \"${HOURS[1]}\"",
                                "-", minutes, name], cwd=REPO, capture_output=True, text=True, timeout=60)
 
-    for minutes, expected in [("600", 10.0), ("90", 1.5), ("2.5", 2.5 / 60), ("0", 0.0)]:
+    for minutes, expected in [("600", 10.0), ("90", 1.5), ("2.5", 2.5 / 60), (".5", 0.5 / 60), ("5.", 5 / 60), ("0", 0.0)]:
         proc = hours(minutes)
         assert proc.returncode == 0, proc.stderr
         assert float(proc.stdout) == expected
-    for bad in ["", "ten", "-5", "1e3", "10 min", "$(echo 1)"]:
+    for bad in ["", ".", "ten", "-5", "1e3", "1.2.3", "10 min", "$(echo 1)"]:
         proc = hours(bad, "GPU_MINUTES")
         assert proc.returncode == 2 and proc.stdout == ""
         assert f"GPU_MINUTES={bad}: not a number of minutes" in proc.stderr
