@@ -21,8 +21,8 @@ def result(method, label, bleu, stock_bleu, ratio, runs=(None, None, None), devi
 
 @pytest.fixture
 def results_dir(tmp_path):
-    directory = tmp_path / "results"
-    directory.mkdir()
+    directory = tmp_path / "docs" / "results"
+    directory.mkdir(parents=True)
     (directory / "fast.json").write_text(json.dumps([
         result("fast", "k=8", 30.0, 34.0, 3.0),       # fastest, but loses 4 BLEU
         result("fast", "k=4", 33.5, 34.0, 2.0),       # within 1 BLEU: the one to show
@@ -54,7 +54,8 @@ def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_e
     from fairseq_plugins.bench.overview import bench_results
 
     results = bench_results([str(results_dir)])
-    chosen = {(r["method"], r.get("device_type")): (name, r["label"], why) for name, r, why in best_per_method(results)}
+    chosen = {(r["method"], r.get("device_type")): (os.path.basename(path), r["label"], why)
+              for path, r, why in best_per_method(results)}
     # Sweeps count; k=8 loses 4 BLEU; the sweep's 9x is flagged (its runs spread), so the unflagged 2.5x wins.
     assert chosen[("fast", "cpu")] == ("fast_sweep.json", "sweep k=3", "fastest within 1 BLEU of stock")
     assert chosen[("fast", "cuda")] == ("fast_sweep.json", "on a GPU", "fastest within 1 BLEU of stock")
@@ -72,14 +73,21 @@ def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_e
 def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nbefore\n\n{BEGIN}\nstale text\n{END}\n\nafter\n")
-    stale = plugins_cli("report", results_dir, "--readme", readme, "--check", check=False)
+    # a method measured only in a subfolder of the results (as docs/results/gpu/, docs/results/bytenet-cpu/)
+    (results_dir / "gpu").mkdir()
+    (results_dir / "gpu" / "gpu_only.json").write_text(json.dumps([
+        result("gpu_only", "batch 64", 34.0, 34.0, 6.0, device_type="cuda")]))
+    stale = plugins_cli("report", results_dir, results_dir / "gpu", "--readme", readme, "--check", check=False)
     assert stale.returncode == 1 and "out of date" in stale.stdout
     assert "stale text" in readme.read_text()  # --check changes nothing
-    plugins_cli("report", results_dir, "--readme", readme, "--overview-plot", tmp_path / "overview.png")
+    plugins_cli("report", results_dir, results_dir / "gpu", "--readme", readme,
+                "--overview-plot", tmp_path / "overview.png")
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
     assert "| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | 2.50x (2.50-2.50) | 1 | test CPU |" in text
-    assert "[fast_sweep.json](docs/results/gpu/fast_sweep.json)" in text  # the GPU row links the GPU results
+    # each row links the file it came from, relative to the README; the text leaves out docs/results/
+    assert "| fastest within 1 BLEU of stock | [fast_sweep.json](docs/results/fast_sweep.json) |" in text
+    assert "[gpu/gpu_only.json](docs/results/gpu/gpu_only.json)" in text
     # a row scored on the whole split quotes that BLEU, and says on how many sentences
     assert "| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | 17.00x (17.00-17.00) | 1 | test CPU | 10 (BLEU: 1000) |" \
         in text
@@ -87,7 +95,7 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
     assert ("| cnn | cached vs recomputed: length 400 (greedy) | - (every output forced to 400 tokens) | "
             "identical outputs | 10.00x (9.09-11.11), spread 20% ! |") in text
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
-    assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
+    assert plugins_cli("report", results_dir, results_dir / "gpu", "--readme", readme, "--check").returncode == 0
 
 
 def test_a_readme_without_markers_is_a_clear_error(results_dir, tmp_path):

@@ -22,7 +22,9 @@ END = "<!-- results:end -->"
 BLEU_TOLERANCE = 1.0
 METHOD_BLEU_TOLERANCE = {"lattice": 3.5}
 METHOD_ORDER = ("baseline", "blockwise", "double_token", "lattice", "rnn_fc", "bytenet", "fast_step")
-DEFAULT_RESULTS = ["docs/results", "docs/results/gpu"]
+# The folders whose bench files are today's measurements (docs/results/README.md says what each holds); others
+# (bytenet-h100/: a 5-minute model's benches; history/: superseded code or models) are kept but not shown.
+DEFAULT_RESULTS = ["docs/results", "docs/results/gpu", "docs/results/bytenet-cpu"]
 
 
 def bleu_tolerance(method: str) -> float:
@@ -30,19 +32,18 @@ def bleu_tolerance(method: str) -> float:
 
 
 def bench_results(paths: List[str]) -> List[Tuple[str, Dict]]:
-    """(file name, result) for every bench result in ``paths`` (files, or directories of *.json); JSON files
+    """(file path, result) for every bench result in ``paths`` (files, or directories of *.json); JSON files
     that are not bench results (summaries, tables) are skipped when a directory is given."""
     found = []
     for path in paths:
         if os.path.isdir(path):
             for name in sorted(glob.glob(os.path.join(path, "*.json"))):
                 try:
-                    found += [(os.path.basename(name), cache_oriented(r)) for r in load_results(name)
-                              if _is_bench_result(r)]
+                    found += [(name, cache_oriented(r)) for r in load_results(name) if _is_bench_result(r)]
                 except InputError:
                     continue  # a summary or table JSON, not bench output
         else:
-            found += [(os.path.basename(path), cache_oriented(r)) for r in load_results(path)]
+            found += [(path, cache_oriented(r)) for r in load_results(path)]
     if not found:
         raise InputError(f"{' '.join(paths)}: no bench results")
     return found
@@ -111,15 +112,23 @@ def best_per_method(results: List[Tuple[str, Dict]]) -> List[Tuple[str, Dict, st
     return chosen
 
 
-def readme_block(results: List[Tuple[str, Dict]]) -> str:
-    """The Markdown between the README's markers (markers included)."""
+def readme_link(path: str, readme_dir: str) -> Tuple[str, str]:
+    """(text, target) of the link from the README in ``readme_dir`` to a results file: the target relative to
+    the README, the text without the docs/results/ every row shares (so gpu/ and bytenet-cpu/ rows say so)."""
+    target = os.path.relpath(path, readme_dir).replace(os.sep, "/")
+    return target[len("docs/results/"):] if target.startswith("docs/results/") else target, target
+
+
+def readme_block(results: List[Tuple[str, Dict]], readme_dir: str = ".") -> str:
+    """The Markdown between the README's markers (markers included); ``readme_dir``: the README's folder, which
+    the links to the results files are relative to."""
     lines = [BEGIN, "",
              "| method | setting | BLEU (stock) | ΔBLEU | speed ratio (min-max) | batch | device | sentences | "
              "chosen as | from |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     flagged = []
-    for name, result, why in best_per_method(results):
-        link = f"docs/results/{'gpu/' if device_kind(result) == 'GPU' else ''}{name}"
+    for path, result, why in best_per_method(results):
+        name, link = readme_link(path, readme_dir)
         figures = speed_figures(result)
         label = result.get("label") or result["method"]
         generator = result.get("generator", {}).get("description", "")
@@ -156,7 +165,8 @@ def update_readme(path: str, results: List[Tuple[str, Dict]], check: bool) -> bo
     if begin < 0 or end < begin:
         raise InputError(f"--readme {path}: no results block; put the two lines\n{BEGIN}\n{END}\nwhere the "
                          "table goes")
-    new = text[:begin] + readme_block(results).rstrip("\n") + text[end + len(END):]
+    new = text[:begin] + readme_block(results, os.path.dirname(os.path.abspath(path))).rstrip("\n") + \
+        text[end + len(END):]
     if new == text:
         return True
     if check:
@@ -207,6 +217,6 @@ def run_overview(paths: List[str], readme: Optional[str], check: bool, plot: Opt
     if plot:
         plot_overview(results, plot)
     if not readme and not plot:
-        print(json.dumps([{"method": r["method"], "label": r.get("label"), "file": name, "chosen_as": why}
-                          for name, r, why in best_per_method(results)], indent=2))
+        print(json.dumps([{"method": r["method"], "label": r.get("label"), "file": path, "chosen_as": why}
+                          for path, r, why in best_per_method(results)], indent=2))
     return status
