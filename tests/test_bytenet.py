@@ -6,6 +6,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -128,6 +129,73 @@ def test_a_decode_after_a_change_of_precision_reads_the_converted_parameters():
         incremental, _ = _decode_incremental(model, None, None, target)
         assert incremental.dtype == torch.float32
         assert torch.allclose(incremental, _decode_full(model, None, None, target), atol=1e-5, rtol=0)
+
+@pytest.mark.parametrize("preset", ["bytenet_multi30k_char", "bytenet_tiny"])
+def test_the_native_step_of_relu_blocks_equals_the_torch_frame_steps(preset):
+    """A stack of ReLU blocks in float32 on the CPU steps one frame in one native call (kernel.c): the same
+    outputs as the torch frame steps to float32 rounding, and the same kept frames, after a forced prefix (whose
+    kept frames are views) and a beam reordering; above NATIVE_MAX_ROWS rows the torch steps run."""
+    from fairseq_plugins import native
+
+    if not native.available():
+        pytest.skip("the native kernels could not be built here")
+    model = build(preset, narrow=preset == "bytenet_multi30k_char").float()
+    source, lengths, target = _random_batch(model.decoder.dictionary, batch=4, source_len=9, target_len=30)
+    new_order = torch.tensor(NEW_ORDERS["permuted"])
+    stack, results = model.decoder.stack, {}
+    with torch.no_grad():
+        for native_steps, max_rows in ((True, 12), (False, 12), ("too many rows", 3)):
+            stack.native_frame_steps, stack.NATIVE_MAX_ROWS = bool(native_steps), max_rows
+            encoder_out, state, tokens = model.encoder(source, lengths), {}, target
+            steps = [model.decoder(tokens[:, :5], encoder_out, incremental_state=state)[0]]
+            for t in range(5, 30):
+                if t == 17:
+                    model.decoder.reorder_incremental_state_scripting(state, new_order)
+                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+                    tokens = tokens.index_select(0, new_order)
+                    steps = [step.index_select(0, new_order) for step in steps]
+                steps.append(model.decoder(tokens[:, : t + 1], encoder_out, incremental_state=state)[0])
+                assert (stack._native_stepper is not None) == bool(native_steps)
+            results[native_steps] = torch.cat(steps, dim=1), stack.get_incremental_state(state, "frames")
+    (native_out, native_frames), (torch_out, torch_frames) = results[True], results[False]
+    assert torch.equal(results["too many rows"][0], torch_out)
+    assert torch.allclose(native_out, torch_out, atol=1e-5, rtol=0), (native_out - torch_out).abs().max()
+    assert native_frames.keys() == torch_frames.keys()
+    assert all(torch.allclose(native_frames[name], torch_frames[name], atol=1e-5, rtol=0) for name in torch_frames)
+
+
+def test_the_native_step_refuses_tensors_it_would_misread():
+    from fairseq_plugins import native
+
+    if not native.available():
+        pytest.skip("the native kernels could not be built here")
+    blocks = list(build("bytenet_tiny").float().decoder.stack.blocks)
+    stepper = native.ReLUBlocksStepper(blocks)
+    x = torch.zeros(2, blocks[0].reduce.in_features)
+    pasts = [torch.zeros(2, block.conv.history, block.reduce.out_features) for block in blocks]
+    stepper(x, pasts)  # the right shapes
+    for bad_x, bad_pasts in ((x.double(), pasts), (x[:, :-1], pasts), (x, pasts[:-1]), (x, [p[:1] for p in pasts]),
+                             (x, [p.transpose(1, 2) for p in pasts])):
+        with pytest.raises(ValueError, match="fp_relu_blocks_frame_step: tensors of unexpected shapes"):
+            stepper(bad_x, bad_pasts)
+
+
+def test_cached_torch_decoding_steps_in_torch_operations_for_that_call_only():
+    """--bytenet-decoding cached-torch: the torch frame steps for its own generator's calls; the bench's stock
+    generator, decoding the same model objects, keeps the native step."""
+    from fairseq_plugins.bytenet.task import ByteNetTranslationConfig, ByteNetTranslationTask
+
+    model = build("bytenet_tiny").float()
+    dictionary = model.decoder.dictionary
+    task = ByteNetTranslationTask(ByteNetTranslationConfig(bytenet_decoding="cached-torch"), dictionary, dictionary)
+
+    class Generator:
+        def generate(self, models, sample, **kwargs):
+            return [model.decoder.stack.native_frame_steps for model in models]
+
+    assert task.inference_step(Generator(), [model], {}) == [False]
+    assert model.decoder.stack.native_frame_steps is True
+
 
 @pytest.mark.parametrize("preset", ["bytenet_tiny", "bytenet_lm_tiny"])
 def test_changing_future_targets_never_changes_earlier_outputs(preset):
@@ -749,6 +817,44 @@ def test_bench_times_recomputed_against_cached_decoding_at_a_forced_length(copy_
     assert result["generator"]["task_flags"]["bytenet_decoding"] == "recompute"
     assert result["stats"]["outputs_identical_to_baseline"] == 1.0
     assert result["target_tokens"] == 4 * 30  # every output forced to exactly 30 characters (EOS not counted)
+
+
+def test_bench_times_the_torch_steps_against_the_native_step_with_the_same_outputs(copy_model, tmp_path):
+    """--bytenet-decoding cached-torch on the method side, the stock generator on the same model objects stepping
+    natively: both decode, and write the same characters."""
+    import json
+
+    result_path = tmp_path / "steps.json"
+    plugins_cli("bench", "--method", "bytenet", "--path", copy_model["checkpoint"], "--data", copy_model["data"],
+                "--threads", 1, "--runs", 1, "--warmup", 0, "--beam", 4, "--limit", 6, "--latency-limit", 0,
+                "--bytenet-decoding", "cached-torch", "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["generator"]["task_flags"]["bytenet_decoding"] == "cached-torch"
+    assert result["stats"]["outputs_identical_to_baseline"] == 1.0
+
+
+def test_the_step_timing_script_times_both_steps_and_writes_its_figures(copy_model, tmp_path):
+    """examples/bytenet/step_timing.py, what NATIVE_MAX_ROWS is set from: every row count timed both ways, the
+    same characters chosen, the command and device kept."""
+    import json
+
+    from fairseq_plugins import native
+
+    if not native.available():
+        pytest.skip("the native kernels could not be built here")
+    out = tmp_path / "timing.json"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "bytenet", "step_timing.py"),
+                           copy_model["checkpoint"], copy_model["bin"], "--rows", "1", "3", "--steps", "5", "--runs",
+                           "2", "--json", str(out)], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    timing = json.loads(out.read_text())
+    assert [row["rows"] for row in timing["figures"]] == [1, 3]
+    assert all(row["same_characters"] and row["native_ms"]["min"] <= row["native_ms"]["median"] <=
+               row["native_ms"]["max"] and row["torch_ms"]["median"] > 0 for row in timing["figures"])
+    assert timing["command"][1:] == ["examples/bytenet/step_timing.py", copy_model["checkpoint"], copy_model["bin"],
+                                     "--rows", "1", "3", "--steps", "5", "--runs", "2", "--json", str(out)]
+    assert "rows   3: native" in proc.stdout
 
 
 def test_bench_times_bytenet_against_a_character_transformer_in_one_run(copy_model, tmp_path):

@@ -15,6 +15,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
+from .. import native
+
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
@@ -244,6 +246,15 @@ def parse_dilations(text: str, flag: str) -> List[int]:
 class DilatedStack(nn.Module):
     """``blocks`` residual blocks whose dilations cycle through ``dilations`` (the paper's sets of five)."""
 
+    # The one-frame decoding step of a stack of ReLU blocks runs as one native call (native/kernel.c) where it
+    # can: float32 parameters on the CPU, no gradient, no dropout, the kernels built, at most NATIVE_MAX_ROWS
+    # rows. False: the torch frame steps always (``--bytenet-decoding cached-torch``, to time one against the
+    # other).
+    native_frame_steps = True
+    # The native products read each weight once per 4 rows; above this many rows (a batch of beams) torch's
+    # blocked ones read it fewer times and win.
+    NATIVE_MAX_ROWS = 12
+
     def __init__(self, channels, hidden, blocks, dilations, kernel_size, block_type, masked, dropout, layerdrop=0.0):
         super().__init__()
         self.layerdrop = layerdrop
@@ -281,8 +292,21 @@ class DilatedStack(nn.Module):
             # A new decode: the blocks' parameters as their frame steps take them (views, built once a decode
             # so that a changed model, e.g. converted to half precision, is always read afresh).
             self._frame_arguments = [block.frame_arguments() for block in self.blocks]
+            self._native_stepper = self._native_stepper_for_this_decode()
         kept: Dict[str, Optional[Tensor]] = {}
         one_frame = x.size(1) == 1  # the decoding step: rows (batch, C), a dozen calls a block
+        if (one_frame and self._native_stepper is not None and x.size(0) <= self.NATIVE_MAX_ROWS
+                and not torch.is_grad_enabled()):
+            # The whole stack in one call, on a copy of x (updated in place) and the kept frames (moved on by one
+            # frame in place: they are this decode's own, a reorder makes new ones).
+            x = x.squeeze(1).clone(memory_format=torch.contiguous_format)
+            pasts = [saved[names[0]].contiguous() if saved is not None
+                     else x.new_zeros(x.size(0), block.conv.history, block.conv.conv.in_channels)
+                     for names, block in zip(self.state_names, self.blocks)]
+            self._native_stepper(x, pasts)
+            self.set_incremental_state(incremental_state, "frames",
+                                       {names[0]: past for names, past in zip(self.state_names, pasts)})
+            return torch.layer_norm(x, *_norm_arguments(self.final_norm)).unsqueeze(1)
         if one_frame:
             x = x.squeeze(1)
         for names, block, arguments in zip(self.state_names, self.blocks, self._frame_arguments):
@@ -293,10 +317,23 @@ class DilatedStack(nn.Module):
         x = torch.layer_norm(x, *_norm_arguments(self.final_norm))
         return x.unsqueeze(1) if one_frame else x
 
+    def _native_stepper_for_this_decode(self) -> Optional["native.ReLUBlocksStepper"]:
+        """The native one-frame step of this stack, where it can run (see ``native_frame_steps``), else None."""
+        if not (self.native_frame_steps and all(type(block) is ReLUBlock for block in self.blocks)):
+            return None
+        if any(p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous()
+               for p in self.blocks.parameters()):
+            return None
+        if any(block.dropout.p > 0 and (block.dropout.training or block.dropout.apply_during_inference)
+               for block in self.blocks):
+            return None
+        return native.ReLUBlocksStepper(list(self.blocks)) if native.available() else None
+
     def _apply(self, fn, *args, **kwargs):
         # .half(), .to() or .cuda() give the parameters new tensors: drop the frame steps' views of the old ones,
         # which would keep the old copies alive until the next decode rebuilds them.
         self.__dict__.pop("_frame_arguments", None)
+        self.__dict__.pop("_native_stepper", None)
         return super()._apply(fn, *args, **kwargs)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:

@@ -1,6 +1,6 @@
 """Native kernels (kernel.c) for decoder steps at batch 1 and beams: int8 and float32 matrix products of a few
-rows, and a whole transformer decoder layer's incremental step; compiled once per machine with the system's C
-compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8`` and the fast step.
+rows, a whole transformer decoder layer's incremental step, and a ByteNet stack's decoding step; compiled once per machine with the system's C
+compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8``, the fast step and ByteNet's decoder.
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
 nothing is built at install time: the first user builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
@@ -117,12 +117,15 @@ def available() -> bool:
             library.fp_lattice_beam_search.argtypes = [pointer, pointer, pointer, pointer, size, size, size, size,
                                                        size, size, pointer, pointer, pointer]
             library.fp_lattice_beam_search.restype = ctypes.c_int
+            library.fp_relu_blocks_frame_step.argtypes = [ctypes.POINTER(ByteNetBlock), size, pointer, size, pointer,
+                                                          pointer]
+            library.fp_relu_blocks_frame_step.restype = None
             _library = library
         except (OSError, RuntimeError) as error:
             _failure = str(error)
             logger.warning("the native kernels could not be built (%s): int8 uses torch's fbgemm kernel, several "
-                           "times slower at a few rows, and the fast step runs its layers as torch operations",
-                           _failure)
+                           "times slower at a few rows, and the fast step and ByteNet's decoder step run as torch "
+                           "operations", _failure)
     return _library is not None
 
 
@@ -392,3 +395,54 @@ def lattice_beam_search(transitions: Tensor, ends: Tensor, allowed: Tensor, toke
                                        best_paths.data_ptr(), best_steps.data_ptr()) != 0:
         raise MemoryError("fp_lattice_beam_search: out of memory")
     return best_end, best_paths, best_steps
+
+
+class ByteNetBlock(ctypes.Structure):
+    """kernel.c's fp_relu_block: one ByteNet ReLU residual block's layer norms, 1x1 products and dilated
+    convolution, float32."""
+    _fields_ = ([(f"norm_{name}_{part}", ctypes.c_void_p) for name in ("in", "mid", "out") for part in ("weight", "bias")]
+                + [(f"norm_{name}_eps", ctypes.c_float) for name in ("in", "mid", "out")]
+                + [(f"{name}_{part}", ctypes.c_void_p) for name in ("reduce", "conv", "expand")
+                   for part in ("weight", "bias")]
+                + [(name, ctypes.c_int64) for name in ("channels", "hidden", "kernel", "dilation")])
+
+
+class ReLUBlocksStepper(_Scratch):
+    """``fp_relu_blocks_frame_step``: a ByteNet stack of ReLU blocks (``bytenet.layers.ReLUBlock``) on one new
+    frame a row, in one call. Built from the blocks' float32 CPU parameters, which it reads in place (views:
+    rebuild it after the parameters are replaced, e.g. by ``.half()``)."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.structs = (ByteNetBlock * len(blocks))()
+        for struct, block in zip(self.structs, blocks):
+            conv = block.conv.conv
+            for name in ("in", "mid", "out"):
+                norm = getattr(block, f"norm_{name}")
+                setattr(struct, f"norm_{name}_weight", _pointer(norm.weight))
+                setattr(struct, f"norm_{name}_bias", _pointer(norm.bias))
+                setattr(struct, f"norm_{name}_eps", norm.eps)
+            for name, module in (("reduce", block.reduce), ("conv", conv), ("expand", block.expand)):
+                setattr(struct, f"{name}_weight", _pointer(module.weight))
+                setattr(struct, f"{name}_bias", _pointer(module.bias))
+            struct.channels, struct.hidden = block.reduce.in_features, block.reduce.out_features
+            struct.kernel, struct.dilation = block.conv.kernel_size, block.conv.dilation
+        self.histories = [block.conv.history for block in blocks]
+        self.widest = max(2 * s.channels + (s.kernel + 2) * s.hidden for s in self.structs)
+        self.channels = self.structs[0].channels
+        self.hidden = [s.hidden for s in self.structs]
+
+    def __call__(self, x: Tensor, pasts) -> None:
+        """x (rows, channels) float32 contiguous, updated in place; pasts: each block's kept convolution input
+        frames (rows, history, hidden) float32 contiguous, moved on by the new frame in place."""
+        rows = x.size(0)
+        # The C code trusts these shapes (a mismatch would read or write out of bounds, not raise).
+        if not (x.dtype == torch.float32 and x.dim() == 2 and x.size(1) == self.channels and x.is_contiguous()
+                and len(pasts) == len(self.histories)
+                and all(p.dtype == torch.float32 and p.shape == (rows, history, hidden) and p.is_contiguous()
+                        for p, history, hidden in zip(pasts, self.histories, self.hidden))):
+            raise ValueError("fp_relu_blocks_frame_step: tensors of unexpected shapes, types or layouts")
+        self.reserve(rows * self.widest, 0, 0)
+        pointers = (ctypes.c_void_p * len(pasts))(*[p.data_ptr() for p in pasts])
+        _library.fp_relu_blocks_frame_step(self.structs, len(pasts), x.data_ptr(), rows, pointers,
+                                           self.scratch.data_ptr())
