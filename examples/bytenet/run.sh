@@ -29,8 +29,8 @@
 #        STAGES ("prepare train-mt train-lm average evaluate-mt evaluate-lm bench saliency summary"),
 #        MT_MINUTES (600), LM_MINUTES (600): wall-clock caps; every training stops earlier at a plateau of
 #        validation loss (PATIENCE epochs without a new best, 5) and resumes from checkpoint_last.pt when re-run,
-#        BEAM (12), BEAM_LENPENS (1; empty: none), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results
-#        writes the repository's figures),
+#        BEAM (12), BEAM_LENPENS (1; empty: none), DEVICE (cpu), THREADS (1), BENCH_LIMIT (200), RESULTS (WORK/results; RESULTS=docs/results/bytenet-cpu
+#        writes the repository's CPU figures, which the README overview reads),
 #        MT_SYSTEMS ("bytenet-mt transformer-mt bytenet-mt-anneal transformer-mt-anneal"), LM_SYSTEMS ("bytenet-lm bytenet-lm-d25 bytenet-lm-deep bytenet-lm-deep-reg
 #        bytenet-lm-deep-layerdrop bytenet-lm-deep-512 bytenet-lm-wide bytenet-lm-deep-wide bytenet-lm-deep-wide-d50
 #        transformer-lm nanogpt-lm bytenet-lm-deep-anneal

@@ -1,6 +1,7 @@
 """Native kernels (kernel.c) for decoder steps at batch 1 and beams: int8 and float32 matrix products of a few
-rows, a whole transformer decoder layer's incremental step, and a ByteNet stack's decoding step; compiled once per machine with the system's C
-compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8``, the fast step and ByteNet's decoder.
+rows, a whole transformer decoder layer's incremental step, and a ByteNet stack's decoding step; compiled once per
+machine with the system's C compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8``, the
+fast step and ByteNet's decoder.
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
 nothing is built at install time: the first user builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
@@ -400,7 +401,8 @@ def lattice_beam_search(transitions: Tensor, ends: Tensor, allowed: Tensor, toke
 class ByteNetBlock(ctypes.Structure):
     """kernel.c's fp_relu_block: one ByteNet ReLU residual block's layer norms, 1x1 products and dilated
     convolution, float32."""
-    _fields_ = ([(f"norm_{name}_{part}", ctypes.c_void_p) for name in ("in", "mid", "out") for part in ("weight", "bias")]
+    _fields_ = ([(f"norm_{name}_{part}", ctypes.c_void_p) for name in ("in", "mid", "out")
+                 for part in ("weight", "bias")]
                 + [(f"norm_{name}_eps", ctypes.c_float) for name in ("in", "mid", "out")]
                 + [(f"{name}_{part}", ctypes.c_void_p) for name in ("reduce", "conv", "expand")
                    for part in ("weight", "bias")]
