@@ -304,15 +304,14 @@ class DilatedStack(nn.Module):
                      else x.new_zeros(x.size(0), block.conv.history, block.conv.conv.in_channels)
                      for names, block in zip(self.state_names, self.blocks)]
             self._native_stepper(x, pasts)
-            self.set_incremental_state(incremental_state, "frames",
-                                       {names[0]: past for names, past in zip(self.state_names, pasts)})
-            return torch.layer_norm(x, *_norm_arguments(self.final_norm)).unsqueeze(1)
-        if one_frame:
-            x = x.squeeze(1)
-        for names, block, arguments in zip(self.state_names, self.blocks, self._frame_arguments):
-            pasts = [saved[name] for name in names] if saved is not None else [None] * len(names)
-            x, frames = block.frame_step(x, pasts, arguments) if one_frame else block.step(x, pasts)
-            kept.update(zip(names, frames))
+            kept = {names[0]: past for names, past in zip(self.state_names, pasts)}
+        else:
+            if one_frame:
+                x = x.squeeze(1)
+            for names, block, arguments in zip(self.state_names, self.blocks, self._frame_arguments):
+                pasts = [saved[name] for name in names] if saved is not None else [None] * len(names)
+                x, frames = block.frame_step(x, pasts, arguments) if one_frame else block.step(x, pasts)
+                kept.update(zip(names, frames))
         self.set_incremental_state(incremental_state, "frames", kept)
         x = torch.layer_norm(x, *_norm_arguments(self.final_norm))
         return x.unsqueeze(1) if one_frame else x
