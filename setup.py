@@ -40,6 +40,8 @@ setup(
         "packaging",
         "sentencepiece",
         "matplotlib",
+        # `fairseq-plugins bench --reference ctranslate2` (docs/bench.md): the same-run reference users pick instead.
+        "ctranslate2==4.8.5",
         'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
         'and python_version < "3.12"',
     ],

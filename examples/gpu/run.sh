@@ -19,6 +19,8 @@
 #              tar.gz, split in parts of 15 MiB, into $OUT (a device command's result folder), 4 at most
 #   pack-rest: the next 4 parts of the last pack (the same warm machine, the next command)
 #   unpack   : here, after the command: examples/gpu/run.sh unpack FILES_AT puts the parts back in place
+#   stamp    : here, before the first command: writes the commit (git describe of HEAD, +dirty) into .gpu/commit,
+#              which travels with the tree, so every bench JSON made there names it (the copy has no .git)
 #
 # Usage: examples/gpu/run.sh STAGE [ARGS]   (or make gpu-check STAGE=...; docs/gpu.md)
 #   env: DEVICE (cuda; cpu = the dry run CI does, examples/gpu/dry_run.sh), WHEELS (.whl), SITE (where the wheels
@@ -36,7 +38,7 @@
 #        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
-STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|pack|pack-rest|unpack [ARGS]}
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|pack|pack-rest|unpack|stamp [ARGS]}
 shift
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
@@ -81,6 +83,13 @@ require_device() {
 }
 
 case $STAGE in
+  stamp)  # here: the commit the device's copy of the tree is, for its bench JSONs (fairseq_plugins.bench.report)
+    mkdir -p .gpu
+    commit=$(git rev-parse HEAD)
+    [[ -z $(git status --porcelain --untracked-files=no -- . ':(exclude)docs/results') ]] || commit+="+dirty"
+    echo "$commit" > .gpu/commit.tmp && mv .gpu/commit.tmp .gpu/commit
+    echo "stamped .gpu/commit: $commit"
+    exit 0 ;;
   unpack)  # here: the parts one or more device commands brought back, in their places under the repo root
     (($# > 0)) || fail "usage: examples/gpu/run.sh unpack DIR... (the files_at of each device command)"
     parts=()
@@ -307,5 +316,5 @@ EOF
     ls -l "$OUT"
     ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
 
-  *) fail "unknown stage (env baseline train bytenet bench pack pack-rest unpack)" ;;
+  *) fail "unknown stage (env baseline train bytenet bench pack pack-rest unpack stamp)" ;;
 esac

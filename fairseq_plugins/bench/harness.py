@@ -27,8 +27,10 @@ from .. import user_dir
 from ..common.prepared import PreparedData
 from ..common.textio import InputError, atomic_output, check_output_path, read_lines, read_parallel, write_lines
 from . import report
+from .ctranslate2_reference import COMPUTE_TYPES
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
                       percentile, speed_ratio_figures, usable_cores)
+from .provenance import model_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,13 @@ def add_bench_parser(subparsers):
                    help="the stock generator decodes without incremental state (fairseq's path for a decoder "
                         "without a cache: the whole prefix through the model at every step); the comparison for "
                         "a method whose gain is its cache (ByteNet)")
+    p.add_argument("--reference", choices=("ctranslate2",), default=None,
+                   help="also decode with CTranslate2 (the stock side's checkpoint converted by its fairseq "
+                        "converter, cached beside it), alternating with both generators batch by batch, with the "
+                        "same beam, length limit and threads; its figures and speed ratio go under 'ctranslate2'")
+    p.add_argument("--reference-compute-type", default=None, choices=COMPUTE_TYPES,
+                   help="CTranslate2's compute type for --reference ctranslate2 (default float32: the same model as "
+                        "stock fairseq's; int8: its int8 weights and products)")
     p.add_argument("--runs", type=int, default=3,
                    help="timed runs over all sentences; within a run the two generators alternate batch by batch, "
                         "and the speed ratio is the median of the runs' ratios (fewer than 3 is flagged)")
@@ -154,6 +163,13 @@ def _check_bench_args(args) -> None:
         raise InputError("--source-file and --reference-file go together")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available")
+    if args.reference == "ctranslate2":  # before any model is loaded: the package, then the model's kind
+        from .ctranslate2_reference import check_convertible, require_ctranslate2
+
+        require_ctranslate2()
+        check_convertible(args.baseline_path or args.path, "--baseline-path" if args.baseline_path else "--path")
+    elif args.reference_compute_type is not None:
+        raise InputError("--reference-compute-type goes with --reference ctranslate2")
     if args.append_markdown and not args.json:
         raise InputError("--append-markdown needs --json (the results to tabulate)")
     for flag in ("json", "markdown", "plot", "hypotheses"):  # writable now, not after the decoding
@@ -366,9 +382,25 @@ class Generators:
     stock_beam: int
     stock_no_repeat_ngram_size: int
     decoders: Dict[str, Decoder]
+    reference: Optional[Dict] = None  # --reference ctranslate2: its decoder and how its model was converted
 
 
-def _build_generators(args, cfg, task, models, device: torch.device) -> Generators:
+def _ctranslate2_reference(args, cfg, stock_cfg, stock_task, stock_models, data: PreparedData,
+                           device: torch.device) -> Dict:
+    """CTranslate2 on the stock side's checkpoint, with the stock generator's beam and rules (converted before
+    any timing; the conversion's seconds are reported, not timed)."""
+    from .ctranslate2_reference import CTranslate2Decoder, converted_model, max_decoder_positions
+
+    checkpoint = args.baseline_path or args.path
+    conversion = converted_model(checkpoint, data.bin_dir, data.source_lang, data.target_lang, user_dir())
+    decoder = CTranslate2Decoder(
+        conversion["dir"], args.reference_compute_type or "float32",
+        torch.get_num_threads() if device.type == "cpu" else 1, device, stock_task.source_dictionary,
+        stock_task.target_dictionary, stock_cfg, stock_cfg.beam, max_decoder_positions(stock_models))
+    return {"decoder": decoder, "checkpoint": os.path.abspath(checkpoint), **conversion}
+
+
+def _build_generators(args, cfg, task, models, data: PreparedData, device: torch.device) -> Generators:
     """The method's generator (its task's ``build_generator``, from the fairseq-generate flags) and fairseq's
     stock SequenceGenerator (the base task's ``build_generator``) on the same model, or on --baseline-path."""
     from fairseq.tasks import FairseqTask
@@ -384,17 +416,23 @@ def _build_generators(args, cfg, task, models, device: torch.device) -> Generato
     stock_generator = FairseqTask.build_generator(stock_task, stock_models, stock_cfg)
     if args.baseline_no_cache:
         stock_generator.model.has_incremental = False  # SequenceGenerator then feeds the whole prefix each step
+    decoders = {  # the order the first batch of the first run is decoded in; alternated from there
+        "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch),
+                           f"the {args.method} generator ({type(method_generator).__name__})"),
+        "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch),
+                          f"the stock generator ({type(stock_generator).__name__})"),
+    }
+    reference = None
+    if args.reference == "ctranslate2":
+        reference = _ctranslate2_reference(args, cfg, stock_cfg, stock_task, stock_models, data, device)
+        decoders["ctranslate2"] = reference["decoder"]
     return Generators(
         method=method_generator,
         stock=stock_generator,
         stock_beam=stock_cfg.beam,
         stock_no_repeat_ngram_size=stock_cfg.no_repeat_ngram_size,
-        decoders={  # the order the first batch of the first run is decoded in; alternated from there
-            "method": _decoder(lambda batch: task.inference_step(method_generator, models, batch),
-                               f"the {args.method} generator ({type(method_generator).__name__})"),
-            "stock": _decoder(lambda batch: stock_generator.generate(stock_models, batch),
-                              f"the stock generator ({type(stock_generator).__name__})"),
-        },
+        decoders=decoders,
+        reference=reference,
     )
 
 
@@ -432,8 +470,8 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
     bar = lambda items, run: beside.each(tqdm(items, desc=f"run {run + 1}/{args.runs}", leave=False))  # noqa: E731
     measurements = alternating_runs(decoders, batches, device, args.runs, memory, progress=bar)
     for run in range(args.runs):
-        logger.info("run %d: method %.2f s, stock %.2f s", run + 1, measurements["method"].run_seconds[run],
-                    measurements["stock"].run_seconds[run])
+        logger.info("run %d: %s", run + 1, ", ".join(f"{name} {measurement.run_seconds[run]:.2f} s"
+                                                      for name, measurement in measurements.items()))
 
     method_stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") \
         else {}
@@ -487,7 +525,7 @@ def run_bench(args, argv):
         provenance = [shlex.join(prepare_argv)] + provenance  # how the data was made, unless recorded already
     cfg = _parse_fairseq_args(args, data)
     task, models, dataset, references = _load(cfg, args, data, device)
-    generators = _build_generators(args, cfg, task, models, device)
+    generators = _build_generators(args, cfg, task, models, data, device)
 
     ids = sentence_ids(len(dataset), args.limit, args.batch_size)
     timings = _time(args, generators, dataset, ids, device, load_before)
@@ -510,7 +548,11 @@ def run_bench(args, argv):
     method_outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("method", "stock"))
     stats["outputs_identical_to_baseline"] = sum(method_outputs[i] == stock_outputs[i] for i in ids) / len(ids)
 
-    result = _result(args, argv, device, method, stock, stats, timings, provenance)
+    result = _result(args, argv, device, method, stock, stats, timings, provenance,
+                     _hashes(args, data, _method_task_flags(cfg)))
+    if generators.reference:
+        result["ctranslate2"] = _ctranslate2_figures(generators.reference, timings, ids, task.target_dictionary,
+                                                     tokenizer, references, method)
     if args.whole_split_bleu and len(ids) < len(dataset):
         result["split_bleu"] = _whole_split_bleu(args, generators, dataset, ids, timings, device,
                                                  task.target_dictionary, tokenizer, references)
@@ -519,6 +561,29 @@ def run_bench(args, argv):
     if result["speed_ratio_flagged"]:
         logger.warning("bench: %s", "; ".join(report.flag_reasons(result)))
     return result
+
+
+def _ctranslate2_figures(reference: Dict, timings: Timings, ids: List[int], tgt_dict, tokenizer,
+                         references: List[str], method: Dict) -> Dict:
+    """CTranslate2's figures beside the stock generator's, with the speed ratio CTranslate2 time / method time
+    (same sentences, same runs) and how many of its outputs are stock fairseq's, token for token."""
+    decoder = reference["decoder"]
+    figures, _ = _figures(timings.measurements["ctranslate2"], timings.latencies["ctranslate2"], ids, tgt_dict,
+                          tokenizer, references, decoder.description())
+    outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("ctranslate2", "stock"))
+    return {
+        **figures,
+        "version": decoder.version,
+        "compute_type": decoder.compute_type,
+        "checkpoint": reference["checkpoint"],
+        "model_dir": reference["dir"],
+        "conversion_seconds": reference["conversion_seconds"],  # None: converted by an earlier run
+        "outputs_identical_to_stock": sum(outputs[i] == stock_outputs[i] for i in ids) / len(ids),
+        **speed_ratio_figures(figures["run_seconds"], method["run_seconds"]),
+        "speed_ratio_definition": "CTranslate2 time / method time on the same input sentences, median over the "
+                                  "same runs (the method is faster above 1)",
+        "bleu_delta": round(method["bleu"] - figures["bleu"], 2),  # the method's BLEU minus CTranslate2's
+    }
 
 
 def _whole_split_bleu(args, generators: Generators, dataset, timed_ids: List[int], timings: Timings,
@@ -539,12 +604,29 @@ def _whole_split_bleu(args, generators: Generators, dataset, timed_ids: List[int
                                       [references[i] for i in every])
     logger.info("bench: BLEU on all %d sentences: %.2f (stock %.2f)", len(every), figures["method"]["bleu"],
                 figures["stock"]["bleu"])
-    return {"sentences": len(every), "method": figures["method"], "stock": figures["stock"],
-            "bleu_delta": round(figures["method"]["bleu"] - figures["stock"]["bleu"], 2)}
+    whole = {"sentences": len(every), "method": figures["method"], "stock": figures["stock"],
+             "bleu_delta": round(figures["method"]["bleu"] - figures["stock"]["bleu"], 2)}
+    if "ctranslate2" in figures:
+        whole["ctranslate2"] = figures["ctranslate2"]
+        whole["ctranslate2_bleu_delta"] = round(figures["method"]["bleu"] - figures["ctranslate2"]["bleu"], 2)
+    return whole
+
+
+def _hashes(args, data: PreparedData, task_flags: Dict) -> Dict:
+    """Content hashes of the checkpoints, the files the task flags name and the decoded data (docs/bench.md)."""
+    if args.source_file:
+        decoded = [args.source_file, args.reference_file]
+    else:
+        pair = f"{data.source_lang}-{data.target_lang}"
+        decoded = [data.raw_path(args.split, data.source_lang), data.raw_path(args.split, data.target_lang)] + [
+            os.path.join(data.bin_dir, f"{args.split}.{pair}.{lang}.bin") for lang in (data.source_lang,
+                                                                                       data.target_lang)]
+    decoded += [os.path.join(data.bin_dir, f"dict.{lang}.txt") for lang in (data.source_lang, data.target_lang)]
+    return model_hashes(args.path, args.baseline_path or args.path, task_flags, decoded)
 
 
 def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings: Timings,
-            provenance: List[str]) -> Dict:
+            provenance: List[str], hashes: Dict) -> Dict:
     """One bench result (the JSON schema of docs/bench.md)."""
     return {
         "method": args.method,
@@ -571,6 +653,7 @@ def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings:
                  "source_file": args.source_file, "reference_file": args.reference_file},
         "checkpoint": os.path.abspath(args.path),
         "baseline_checkpoint": os.path.abspath(args.baseline_path or args.path),
+        "hashes": hashes,
         "runs": args.runs,
         "warmup_batches": args.warmup,
         "commands": provenance + [report.command_line(argv)],

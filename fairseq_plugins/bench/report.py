@@ -5,7 +5,7 @@ import os
 import platform
 import shlex
 import subprocess
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..common.plots import pyplot, save_png
 from ..common.textio import InputError, atomic_output, read_lines
@@ -80,6 +80,21 @@ def ratio_cell(result: Dict) -> str:
     return text + (" !" if flag_reasons(result) else "")
 
 
+def reference_ratio(result: Dict) -> Dict:
+    """The same-run CTranslate2 reference's speed figures (CTranslate2 time / method time) with the run's timing,
+    so that ``flag_reasons`` and ``ratio_cell`` read it as they read the stock ratio; {} without a reference."""
+    reference = result.get("ctranslate2")
+    if not reference:
+        return {}
+    return {**{key: reference[key] for key in SPEED_KEYS[:-1]}, "timing": result.get("timing") or {}}
+
+
+def reference_cell(result: Dict) -> str:
+    """``1.23x (1.20-1.25)`` CTranslate2 time / method time, ``!`` when flagged; ``-`` without a reference."""
+    figures = reference_ratio(result)
+    return ratio_cell(figures) if figures else "-"
+
+
 def _flag_notes(results: List[Dict]) -> str:
     flagged = [result for result in results if flag_reasons(result)]
     names = [result.get("label") or result["method"] for result in flagged]
@@ -88,6 +103,11 @@ def _flag_notes(results: List[Dict]) -> str:
         if names.count(name) > 1:  # results of one label (e.g. a sweep): say which
             name += f" ({result['generator']['description']}, batch {result['batch_size']})"
         notes.append(f"! {name}: {'; '.join(flag_reasons(result))}\n")
+    for result in results:  # a CTranslate2 ratio flagged for its own spread
+        own = [reason for reason in flag_reasons(reference_ratio(result)) if reason not in flag_reasons(result)] \
+            if result.get("ctranslate2") else []
+        if own:
+            notes.append(f"! {result.get('label') or result['method']} against CTranslate2: {'; '.join(own)}\n")
     return "".join(notes)
 
 
@@ -111,16 +131,25 @@ def markdown_table(results: List[Dict]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in results:
         split = result.get("split_bleu") or {}
-        for name, figures, whole, ratio in (
-            (result.get("label") or result["method"], result, split.get("method"), ratio_cell(result)),
-            ("stock", result["baseline"], split.get("stock"), "1.00x"),
-        ):
+        rows = [(result.get("label") or result["method"], result, split.get("method"), ratio_cell(result)),
+                ("stock", result["baseline"], split.get("stock"), "1.00x")]
+        if result.get("ctranslate2"):  # its speed in the same column: stock time / CTranslate2 time
+            reference = result["ctranslate2"]
+            stock_over_reference = result["speed_ratio"] / reference["speed_ratio"]
+            rows.append(("CTranslate2", reference, split.get("ctranslate2"), f"{stock_over_reference:.2f}x"))
+        for name, figures, whole, ratio in rows:
             row = [name, figures["generator"]["description"], result["device"], str(result["threads"]),
                    str(result["batch_size"])]
             row += [_cell(figures, key, fmt) for _, key, fmt in COLUMNS]
             row += [f"{whole['bleu']:.2f} ({split['sentences']})" if whole else "-", ratio]
             lines.append("| " + " | ".join(row) + " |")
     notes = _flag_notes(results)
+    if any(result.get("ctranslate2") for result in results):
+        notes += ("CTranslate2: the stock side's checkpoint converted by CTranslate2's fairseq converter, decoded in "
+                  "the same runs; its speed ratio is the medians' quotient. The method against it (CTranslate2 "
+                  "time / method time, median over runs): "
+                  + "; ".join(f"{result.get('label') or result['method']} {reference_cell(result)}"
+                              for result in results if result.get("ctranslate2")) + ".\n")
     return "\n".join(lines) + "\n" + (f"\nSpeed ratio: {SPEED_RATIO_HEADER}.\n" + notes if results else "")
 
 
@@ -132,9 +161,15 @@ SPEED_RATIO_HEADER = ("stock time / method time on the same sentences, median ov
 def summary_table(results: List[Dict]) -> str:
     """The demo's table: per result, BLEU beside the stock generator's on the same model, the speed ratio with
     its spread, the batch size, and what the model is."""
-    rows = [("method", "BLEU", "stock BLEU", "dBLEU", "speed ratio (min-max)", "batch", "model")]
+    with_reference = any(result.get("ctranslate2") for result in results)
+    rows = [("method", "BLEU", "stock BLEU", "dBLEU", "speed ratio (min-max)")
+            + (("CT2 BLEU", "vs CTranslate2 (min-max)") if with_reference else ()) + ("batch", "model")]
     for result in results:
         base, bleu = result["baseline"], headline_bleu(result)
+        reference = result.get("ctranslate2")
+        reference_bleu = ((result.get("split_bleu") or {}).get("ctranslate2") or reference or {}).get("bleu")
+        reference_cells = (("-" if reference_bleu is None else f"{reference_bleu:.2f}", reference_cell(result))
+                           if with_reference else ())
         rows.append((
             f"{result.get('label') or result['method']} ({result['generator']['description']} vs stock "
             f"{base['generator']['description']})",
@@ -142,13 +177,17 @@ def summary_table(results: List[Dict]) -> str:
             f"{bleu['stock']:.2f}",
             f"{bleu['delta']:+.2f}",
             ratio_cell(result),
+            *reference_cells,
             str(result["batch_size"]),
             result.get("model_note") or "-",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
-    return (table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\nBLEU: on the whole split; * on the sentences timed "
-            "only (a result from before the bench scored the rest, or --no-whole-split-bleu)\n" + _flag_notes(results))
+    reference_note = ("vs CTranslate2: CTranslate2 time / method time, same runs (CTranslate2 decoding the stock "
+                      "side's model, converted by its fairseq converter)\n" if with_reference else "")
+    return (table + f"\n\nspeed ratio: {SPEED_RATIO_HEADER}\n{reference_note}BLEU: on the whole split; * on the "
+            "sentences timed only (a result from before the bench scored the rest, or --no-whole-split-bleu)\n"
+            + _flag_notes(results))
 
 
 # ---- the speed figures of a summary (examples/*/summarize.py): one dict per result, a cell, notes
@@ -227,11 +266,26 @@ def command_line(argv: List[str]) -> str:
     return shlex.join(["fairseq-plugins"] + list(argv))
 
 
-def git_commit() -> str:
-    """HEAD of the repository holding this package, '+dirty' when tracked files differ from it.
+# Where a copy of the tree without .git (a lent GPU machine) finds the commit it was copied from: written here
+# by `examples/gpu/run.sh stamp` before the copy; FAIRSEQ_PLUGINS_GIT_COMMIT overrides it.
+COMMIT_STAMP = os.path.join(".gpu", "commit")
+COMMIT_VARIABLE = "FAIRSEQ_PLUGINS_GIT_COMMIT"
+
+
+def git_commit(repo: Optional[str] = None) -> str:
+    """HEAD of the repository holding this package, '+dirty' when tracked files differ from it; in a copy without
+    .git, $FAIRSEQ_PLUGINS_GIT_COMMIT or the stamp the GPU kit carries (COMMIT_STAMP); else 'unknown'.
 
     docs/results is left out: a recipe that benches several settings rewrites its own result files."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = repo or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
+    if not os.path.exists(os.path.join(repo, ".git")):
+        try:
+            with open(os.path.join(repo, COMMIT_STAMP), encoding="utf-8") as f:
+                return f.read().strip() or "unknown"
+        except OSError:
+            return "unknown"
     try:
         head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -1,0 +1,42 @@
+"""What a bench result was measured on, by content: the checkpoints (the method's and the stock side's), every
+file a method's task flags name (lexical tables, shortlists, base checkpoints) and the test data, each with its
+sha256, so that a figure names its model by what it is rather than by a path that may hold another model later."""
+
+import hashlib
+import os
+from typing import Dict, Iterable, Optional
+
+# A bench result's model hashes are quoted by their first characters in tables and notes.
+SHORT_HASH = 12
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hashed(path: str) -> Dict:
+    return {"path": os.path.abspath(path), "sha256": file_sha256(path)}
+
+
+def task_files(task_flags: Dict) -> Dict[str, Dict]:
+    """Every task flag whose value is an existing file (a table, a shortlist, a base checkpoint), hashed."""
+    return {flag: hashed(value) for flag, value in sorted(task_flags.items())
+            if isinstance(value, str) and value and os.path.isfile(value)}
+
+
+def data_files(paths: Iterable[Optional[str]]) -> Dict[str, str]:
+    """sha256 of the decoded data's files (the binarised split and its raw text, or --source/--reference-file),
+    keyed by file name."""
+    return {os.path.basename(path): file_sha256(path) for path in paths if path and os.path.isfile(path)}
+
+
+def model_hashes(checkpoint: str, baseline_checkpoint: str, task_flags: Dict, data: Iterable[Optional[str]]) -> Dict:
+    """The ``hashes`` block of a bench result (docs/bench.md)."""
+    method = hashed(checkpoint)
+    stock = method if os.path.abspath(baseline_checkpoint) == method["path"] else hashed(baseline_checkpoint)
+    return {"checkpoint": method["sha256"], "baseline_checkpoint": stock["sha256"],
+            "task_files": task_files(task_flags), "data": data_files(data)}
