@@ -15,7 +15,7 @@ REQUIRED_KEYS = {
     "method", "device", "threads", "batch_size", "beam", "bleu", "sentences_per_s", "tokens_per_s",
     "latency_ms_p50", "latency_ms_p90", "peak_memory_mb", "stats", "baseline", "speed_ratio", "commands",
     "git_commit", "versions", "speed_ratio_definition", "speed_ratio_runs", "speed_ratio_spread", "timing",
-    "bleu_brevity_penalty", "bleu_precisions", "length_ratio",
+    "bleu_brevity_penalty", "bleu_precisions", "length_ratio", "hashes",
 }
 
 
