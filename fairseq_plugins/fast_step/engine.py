@@ -23,6 +23,7 @@ with fairseq's to float rounding (1e-5 on the baseline); ``unsupported_reason`` 
 refuses such a decoder rather than compute something else.
 """
 
+import copy
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -208,6 +209,16 @@ class FastDecoderStep:
         self.embed_dim = self.layers[0].heads * self.layers[0].head_dim
         self.max_positions = decoder.max_positions()
         self.rows = 0
+
+    def sharing_weights(self) -> "FastDecoderStep":
+        """A new engine on this one's prepared weights (packed, quantised, native structs: nothing is built
+        again) with state of its own (caches, rows, candidate lists, kernel scratch), for another generator."""
+        twin = copy.copy(self)
+        twin.output = copy.copy(self.output)
+        twin.output.prepare(None)
+        twin.layer_step = native.LayerStepper() if self.native_layers is not None else None
+        twin.rows = 0
+        return twin
 
     # ---- positions ------------------------------------------------------------------------------------
     def _position_table(self, length: int) -> Optional[Tensor]:

@@ -13,7 +13,8 @@ with), its steps made by ``FastDecoderStep`` (``FastStepStepper``).
 """
 
 import math
-from typing import Dict, List, Optional
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,13 +31,34 @@ from .engine import FastDecoderStep
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 
 
+# model -> {(precision, features_only): (the parameters' fingerprint, engine, encoder)}: what fast_step_parts built
+# for a loaded model, reused by every generator built on it (fairseq's hub interface builds one a translate call).
+_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _parameters_fingerprint(model) -> Tuple:
+    """Changes when a parameter is replaced, moved, cast or written in place (training, ``load_state_dict``,
+    ``half()``, ``to()``): then the engine's copies of the weights are stale."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
+
+
 def fast_step_parts(model, precision: str, features_only: bool = False):
     """The decoder step and the encoder the fast step runs for ``model`` (``features_only``: see
     ``FastDecoderStep``). With int8 the encoder is a copy whose matrices are int8 (it runs once a sentence,
-    but at batch 1 that was a third of a sentence's int8 time in float32)."""
+    but at batch 1 that was a third of a sentence's int8 time in float32).
+
+    Built once per loaded model and precision: a later call, while the model's parameters are unchanged, gets an
+    engine sharing the prepared weights (``FastDecoderStep.sharing_weights``) and the same encoder, so a
+    ``hub.translate`` call (a new generator each time) costs what a generator built once does."""
+    key, fingerprint = (precision, features_only), _parameters_fingerprint(model)
+    built = _BUILT.setdefault(model, {}).get(key)
+    if built is not None and built[0] == fingerprint:
+        return built[1].sharing_weights(), built[2]
     # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)
     encoder = int8_encoder(model.encoder).eval() if precision == "int8" else model.encoder
-    return FastDecoderStep(model.decoder, precision, features_only=features_only), encoder
+    engine = FastDecoderStep(model.decoder, precision, features_only=features_only)
+    _BUILT[model][key] = (fingerprint, engine, encoder)
+    return engine.sharing_weights(), encoder
 
 
 class FastStepEnsemble(EnsembleModel):
