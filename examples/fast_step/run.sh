@@ -14,15 +14,18 @@
 #   batch : greedy and beam 5 at batch BATCH: RESULTS/fast_step_batch.json
 #   devlin: Devlin (2017)'s search on the baseline: beam 6, int8 + candidate lists + early stopping (delta 3)
 #           against stock beam 6, batch 1, the whole test set: RESULTS/fast_step_devlin.json
-#   ctranslate2 : the bar: the same baseline converted by CTranslate2's fairseq converter (int8), greedy, one
-#           thread, one sentence at a time, on the sentences of the fast stage (installs ctranslate2==4.8.5 if
-#           missing): RESULTS/fast_step_ctranslate2.json
+#   ctranslate2 : the bar users pick instead, in the same runs (bench --reference ctranslate2: the baseline
+#           converted by CTranslate2's fairseq converter), the whole test set, one thread, length limit
+#           1.2 x source + 10 on every side: fp32 against CTranslate2 float32 and int8 against CTranslate2 int8,
+#           greedy and beam 5 at batch 1, and int8 beam 5 at batch BATCH: RESULTS/fast_step_ctranslate2.json
+#   profile : where a token's time goes (examples/fast_step/profile.py), int8 greedy and beam 5, beside
+#           CTranslate2 int8's time a token: RESULTS/fast_step_profile_{greedy,beam5}.{json,md}
 #
 # Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
-#        STAGES ("lists exact fast batch devlin ctranslate2"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
-#        FAST_LIMIT (0: the whole test set), RUNS (3), BATCH (32), TOP (50), FREQUENT (2000),
+#        STAGES ("lists exact fast batch devlin ctranslate2 profile"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
+#        FAST_LIMIT (0: the whole test set), PROFILE_LIMIT (300), RUNS (3), BATCH (32), TOP (50), FREQUENT (2000),
 #        LIST (WORK/shortlist.TOP+FREQUENT.pt), RESULTS (WORK/results; RESULTS=docs/results writes the
 #        repository's figures), DEVICE (cpu), THREADS (1),
 #        JOBS (1: the fast stage's settings one at a time; 2 on two idle cores)
@@ -31,7 +34,7 @@ set -euo pipefail
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/fast_step}
-STAGES=${STAGES:-lists exact fast batch devlin ctranslate2}
+STAGES=${STAGES:-lists exact fast batch devlin ctranslate2 profile}
 RESULTS=${RESULTS:-$WORK/results}
 TOP=${TOP:-50}
 FREQUENT=${FREQUENT:-2000}
@@ -113,11 +116,27 @@ if stage devlin; then
 fi
 
 if stage ctranslate2; then
-  python -c "import ctranslate2" 2>/dev/null || pip install --no-deps ctranslate2==4.8.5
-  record ct2-fairseq-converter --model_path "$CHECKPOINT" --data_dir "$DATA/bin" \
-    --source_lang "$SRC" --target_lang "$TGT" \
-    --user_dir "$USER_DIR" --output_dir "$WORK/ctranslate2" --quantization int8 --force
-  record python "$(dirname "$0")/../rnn_fc/ctranslate2_bench.py" --model "$WORK/ctranslate2" --data "$DATA" \
-    --beam 1 --limit "${FAST_LIMIT:-0}" --runs "${RUNS:-3}" --provenance "${PROVENANCE[@]}" \
-    --json "$RESULTS/fast_step_ctranslate2.json"
+  # The same length limit on every side: CTranslate2 has none of its own to fall back on.
+  limits=(--max-len-a 1.2 --max-len-b 10)
+  rm -f "$RESULTS/fast_step_ctranslate2.json"
+  for precision in fp32 int8; do
+    compute=$([[ $precision == int8 ]] && echo int8 || echo float32)
+    for beam in 1 5; do
+      bench "$RESULTS/fast_step_ctranslate2.json" "fast step $precision beam $beam vs CTranslate2 $compute" \
+        "$beam" 1 "${FAST_LIMIT:-0}" --fast-step-precision "$precision" "${limits[@]}" \
+        --reference ctranslate2 --reference-compute-type "$compute"
+    done
+  done
+  bench "$RESULTS/fast_step_ctranslate2.json" "fast step int8 beam 5 batch ${BATCH:-32} vs CTranslate2 int8" 5 \
+    "${BATCH:-32}" "${FAST_LIMIT:-0}" --fast-step-precision int8 "${limits[@]}" \
+    --reference ctranslate2 --reference-compute-type int8
+fi
+
+if stage profile; then
+  for beam in 1 5; do
+    name=fast_step_profile_$([[ $beam == 1 ]] && echo greedy || echo beam$beam)
+    python "$(dirname "$0")/profile.py" --path "$CHECKPOINT" --data "$DATA" --precision int8 --beam "$beam" \
+      --limit "${PROFILE_LIMIT:-300}" --threads "${THREADS:-1}" --json "$RESULTS/$name.json" \
+      --markdown "$RESULTS/$name.md"
+  done
 fi
