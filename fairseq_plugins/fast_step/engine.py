@@ -209,6 +209,68 @@ class FastDecoderStep:
         self.embed_dim = self.layers[0].heads * self.layers[0].head_dim
         self.max_positions = decoder.max_positions()
         self.rows = 0
+        self.native_decoder = self._native_decoder(decoder)
+        self.greedy_searcher = native.GreedySearcher() if self.native_decoder is not None else None
+        self.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
+
+    def _native_decoder(self, decoder) -> Optional["native.Decoder"]:
+        """The whole decoder for kernel.c's one-call greedy search (``greedy_search``), where its parts are native:
+        every layer, float32 CPU embeddings, no projections around the layers, no embedding norm, and an output
+        matrix of the native kernels (float32 CPU, or int8 on the native backend)."""
+        if (self.native_layers is None or self.project_in is not None or self.project_out is not None
+                or self.embedding_norm is not None or self.embed_tokens.dtype != torch.float32
+                or self.embed_tokens.device.type != "cpu"):
+            return None
+        output = self.output
+        if output.full_int8 is not None and output.full_int8.backend == "native":
+            matrix = native.int8_matrix(output.full_int8.values, output.full_int8.scales, output.full_int8.bias,
+                                        output.full_int8.dim, output.full_int8.vnni)
+        elif output.full_fp32 is not None and output.weight.dtype == torch.float32:
+            self.output_weight = output.weight.contiguous()
+            self.output_bias = None if output.bias is None else output.bias.float().contiguous()
+            matrix = native.float_matrix(self.output_weight, self.output_bias)
+        else:
+            return None
+        self.embed_table = self.embed_tokens.contiguous()
+        self.native_final_norm = None
+        if decoder.layer_norm is not None:  # (a float32 copy, as the layers' norms)
+            norm = decoder.layer_norm
+            self.native_final_norm = nn.LayerNorm(norm.normalized_shape, eps=norm.eps)
+            self.native_final_norm.load_state_dict({key: value.detach().float().clone()
+                                                    for key, value in norm.state_dict().items()})
+        return native.decoder(self.native_layers, self.embed_table, self.embed_scale, self.native_final_norm, matrix)
+
+    def beam_search(self, beam: int, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int,
+                    max_len: int):
+        """One sentence's whole beam search (fairseq's at batch 1) in one native call, after ``start`` on its
+        one row: its finished hypotheses [(tokens, cumulative scores)] in the order fairseq finalises them;
+        None where the decoder is not all native or the beam is wider than the kernel's."""
+        if (self.beam_searcher is None or self.rows != 1 or self.length != 0
+                or not 1 <= beam <= native.MAX_NATIVE_BEAM):
+            return None
+        table = self._position_table(max_len + 1)
+        if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
+            return None
+        capacity = max_len + 2
+        keys = [torch.empty(beam, layer.heads, capacity, layer.head_dim) for layer in self.layers]
+        values = [torch.empty_like(k) for k in keys]
+        cross_keys = [k.expand(beam, -1, -1, -1).contiguous() for k in self.cross_keys]
+        cross_values = [v.expand(beam, -1, -1, -1).contiguous() for v in self.cross_values]
+        return self.beam_searcher(self.native_decoder, table, keys, values, cross_keys, cross_values, beam, bos, eos,
+                                  pad, unk, unk_penalty, min_len, max_len)
+
+    def greedy_search(self, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int,
+                      max_len: int):
+        """One sentence's whole greedy search in one native call, after ``start`` (one row, caches for more than
+        max_len positions), with fairseq's rules at beam 1: (tokens, cumulative scores), the end token included;
+        None where the decoder is not all native (``_native_decoder``: then step by step)."""
+        if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len:
+            return None
+        table = self._position_table(max_len + 1)
+        if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
+            return None
+        return self.greedy_searcher(self.native_decoder, table, self.keys, self.values, self.cross_keys,
+                                    self.cross_values, bos, eos, pad, unk, unk_penalty, min_len, max_len)
 
     def sharing_weights(self) -> "FastDecoderStep":
         """A new engine on this one's prepared weights (packed, quantised, native structs: nothing is built
@@ -217,6 +279,8 @@ class FastDecoderStep:
         twin.output = copy.copy(self.output)
         twin.output.prepare(None)
         twin.layer_step = native.LayerStepper() if self.native_layers is not None else None
+        twin.greedy_searcher = native.GreedySearcher() if self.native_decoder is not None else None
+        twin.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
         twin.rows = 0
         return twin
 

@@ -5,7 +5,10 @@ search with early stopping over the same step.
 ``EnsembleModel`` (forward_decoder, the reordering of the incremental state and of the encoder output), so
 beam search, greedy decoding, sampling, length limits, --prefix-size, --constraints, --no-repeat-ngram-size
 and scoring are the stock generator's own code. With candidate lists the log-probabilities are over each
-sentence's list and every other word gets -inf.
+sentence's list and every other word gets -inf. Two shortcuts give the same hypotheses with less around the
+model: greedy decoding (beam 1, nothing else asked) runs the project's own loop with fairseq's rules, and at
+batch 1 on the native kernels without candidate lists the whole search of a sentence, greedy or fairseq's beam
+search, is one native call (kernel.c's fp_greedy_search and fp_beam_search; tests/test_native_search.py).
 
 ``FastStepEarlyStoppingGenerator``: Devlin (2017)'s early stopping needs a search that can end a sentence
 before fairseq would; it is ``common/beam_search.py``'s (fairseq's search otherwise, the one rnn_fc decodes
@@ -24,6 +27,7 @@ from torch import Tensor
 
 from ..common.beam_search import BeamSearchGenerator, flat_rows
 from ..common.step_rules import nan_to_minus_inf_
+from .. import native
 from ..int8 import int8_encoder
 from .engine import FastDecoderStep
 
@@ -146,21 +150,55 @@ class FastStepSequenceGenerator(SequenceGenerator):
                   constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
         src_tokens = sample["net_input"]["src_tokens"]
         self.model.prepare(src_tokens, self.beam_size)
-        if self._plain_greedy(prefix_tokens, constraints, bos_token):
-            hypotheses = self._greedy(sample)
-        else:
+        hypotheses = None
+        if self._plain_search(prefix_tokens, constraints, bos_token):
+            hypotheses = self._greedy(sample) if self._plain_greedy(prefix_tokens, constraints, bos_token) \
+                else self._native_beam(sample)
+        if hypotheses is None:
             hypotheses = super()._generate(sample, prefix_tokens, constraints, bos_token)
         self._stats["sentences"] += src_tokens.size(0)
         self._stats["steps"] += self.model.steps
         self._stats["candidates"] += self.model.candidates
         return hypotheses
 
-    def _plain_greedy(self, prefix_tokens, constraints, bos_token) -> bool:
-        """Beam 1 with nothing that needs fairseq's beam-search bookkeeping: the greedy loop below applies."""
-        return (self.beam_size == 1 and type(self.search) is search.BeamSearch and prefix_tokens is None
+    def _plain_search(self, prefix_tokens, constraints, bos_token) -> bool:
+        """fairseq's plain beam search (no prefix, constraints, LM, n-gram blocking, ...): at beam 1 the greedy
+        loop below applies, at batch 1 and any beam the native beam search."""
+        return (type(self.search) is search.BeamSearch and prefix_tokens is None
                 and constraints is None and bos_token is None and self.lm_model is None
                 and self.repeat_ngram_blocker is None and not self.match_source_len
                 and getattr(self, "token_indices_to_suppress", None) is None)
+
+    def _plain_greedy(self, prefix_tokens, constraints, bos_token) -> bool:
+        """Beam 1 with nothing that needs fairseq's beam-search bookkeeping: the greedy loop below applies."""
+        return self.beam_size == 1 and self._plain_search(prefix_tokens, constraints, bos_token)
+
+    def _max_len(self, src_tokens: Tensor) -> int:
+        """fairseq's SequenceGenerator length limit for a batch."""
+        max_len = min(int(self.max_len_a * src_tokens.size(1) + self.max_len_b), self.max_len - 1)
+        assert self.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
+        return max_len
+
+    def _native_beam(self, sample) -> Optional[List[List[Dict[str, Tensor]]]]:
+        """One sentence's beam search in one native call, where the engine has one (else None: fairseq's own),
+        finalised and ordered as fairseq's (its finished hypotheses sorted by score, best first)."""
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        if src_tokens.size(0) != 1 or self.model.row_candidates is not None or self.temperature != 1.0 \
+                or self.model.engine.beam_searcher is None or src_tokens.device.type != "cpu" \
+                or self.beam_size > native.MAX_NATIVE_BEAM:
+            return None
+        max_len = self._max_len(src_tokens)
+        self.model.engine.start(self.model.forward_encoder(net_input)[0], max_steps=1)
+        searched = self.model.engine.beam_search(self.beam_size, self.eos, self.eos, self.pad, self.unk,
+                                                 self.unk_penalty, self.min_len, max_len)
+        if searched is None:
+            return None
+        self.model.started = True
+        self.model.steps += max(tokens.numel() for tokens, _ in searched)
+        hypotheses = [self._finished(tokens, cumulative)[0] for tokens, cumulative in searched]
+        order = torch.sort(torch.tensor([float(h["score"].item()) for h in hypotheses]), descending=True)[1]
+        return [[hypotheses[i] for i in order]]
 
     def _greedy(self, sample) -> List[List[Dict[str, Tensor]]]:
         """fairseq's beam search at beam 1 without its per-step bookkeeping: the same length limits, pad/unk/
@@ -168,11 +206,16 @@ class FastStepSequenceGenerator(SequenceGenerator):
         hypotheses; finished sentences leave the batch."""
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        bsz, src_len = src_tokens.size()[:2]
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
-        assert self.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
+        bsz = src_tokens.size(0)
+        max_len = self._max_len(src_tokens)
         self.model.engine.start(self.model.forward_encoder(net_input)[0], max_steps=max_len + 2)
         self.model.started = True
+        if bsz == 1 and self.model.row_candidates is None and self.temperature == 1.0:
+            searched = self.model.engine.greedy_search(self.eos, self.eos, self.pad, self.unk, self.unk_penalty,
+                                                       self.min_len, max_len)
+            if searched is not None:  # the whole search in one native call
+                self.model.steps += searched[0].numel()
+                return [self._finished(*searched)]
         device = src_tokens.device
         sentences = torch.arange(bsz, device=device)  # the sentence of each live row
         tokens = torch.full((bsz, max_len + 2), self.pad, dtype=torch.long, device=device)
@@ -214,21 +257,25 @@ class FastStepSequenceGenerator(SequenceGenerator):
             if not bool(ended.any()):
                 continue
             for row in ended.nonzero().view(-1).tolist():
-                positional = scores[row, :step + 1].clone()
-                positional[1:] = positional[1:] - positional[:-1]
-                score = scores[row, step].clone()
-                if self.normalize_scores:
-                    score /= (step + 1) ** self.len_penalty
-                finished[int(sentences[row])] = [{
-                    "tokens": tokens[row, 1:step + 2].clone(), "score": score, "attention": torch.empty(0),
-                    "alignment": torch.empty(0), "positional_scores": positional,
-                }]
+                finished[int(sentences[row])] = self._finished(tokens[row, 1:step + 2].clone(),
+                                                               scores[row, :step + 1].clone())
             live = (~ended).nonzero().view(-1)
             if live.numel() == 0:
                 break
             self.model.reorder_incremental_state(None, live)
             sentences, tokens, scores = sentences[live], tokens[live], scores[live]
         return finished
+
+    def _finished(self, tokens: Tensor, cumulative: Tensor) -> List[Dict[str, Tensor]]:
+        """A sentence's hypothesis as fairseq's beam search finalises it, from its tokens (end token included)
+        and the cumulative score after each."""
+        positional = cumulative.clone()
+        positional[1:] = cumulative[1:] - cumulative[:-1]
+        score = cumulative[-1].clone()
+        if self.normalize_scores:
+            score /= tokens.numel() ** self.len_penalty
+        return [{"tokens": tokens, "score": score, "attention": torch.empty(0), "alignment": torch.empty(0),
+                 "positional_scores": positional}]
 
     def generation_stats(self) -> Dict:
         stats = {"precision": self.precision, "decoder_calls": self._stats["steps"],

@@ -121,6 +121,15 @@ def available() -> bool:
             library.fp_relu_blocks_frame_step.argtypes = [ctypes.POINTER(ByteNetBlock), size, pointer, size, pointer,
                                                           pointer]
             library.fp_relu_blocks_frame_step.restype = None
+            library.fp_greedy_search.argtypes = [ctypes.POINTER(Decoder), pointer, pointer, size, pointer, pointer,
+                                                 size, size, size, size, size, ctypes.c_float, size, size, pointer,
+                                                 pointer, pointer, pointer, pointer]
+            library.fp_greedy_search.restype = size
+            library.fp_beam_search.argtypes = [ctypes.POINTER(Decoder), pointer, pointer, size, pointer, pointer,
+                                               size, size, size, size, size, size, ctypes.c_float, size, size,
+                                               pointer, pointer, pointer, pointer, pointer, pointer, pointer,
+                                               pointer, pointer]
+            library.fp_beam_search.restype = size
             _library = library
         except (OSError, RuntimeError) as error:
             _failure = str(error)
@@ -219,6 +228,38 @@ def encoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, no
                          ENCODER_LAYER_MATRICES, ENCODER_LAYER_NORMS)
 
 
+class Decoder(ctypes.Structure):
+    """kernel.c's fp_decoder: a transformer decoder's layers (fp_layer pointers), token and position embeddings,
+    final layer norm and output matrix, for ``fp_greedy_search``."""
+    _fields_ = [("layers", ctypes.POINTER(ctypes.POINTER(DecoderLayer))), ("n_layers", ctypes.c_int64),
+                ("embed_tokens", ctypes.c_void_p), ("embed_scale", ctypes.c_float),
+                ("positions", ctypes.c_void_p), ("n_positions", ctypes.c_int64),
+                ("final_norm_weight", ctypes.c_void_p), ("final_norm_bias", ctypes.c_void_p),
+                ("final_norm_eps", ctypes.c_float), ("output", Matrix), ("dim", ctypes.c_int64),
+                ("vocab", ctypes.c_int64)]
+
+
+def decoder(layers, embed_tokens: Tensor, embed_scale: float, final_norm: Optional[torch.nn.LayerNorm],
+            output: Matrix) -> Decoder:
+    """The fp_decoder of ``layers`` (``decoder_layer`` structs), the float32 (rows, d) token embeddings, the final
+    norm (float32 torch LayerNorm, or None) and the output matrix (``float_matrix``/``int8_matrix``, its bias
+    included). The positions are given per call (``GreedySearcher``). The caller keeps every tensor alive."""
+    array = (ctypes.POINTER(DecoderLayer) * len(layers))(*[ctypes.pointer(layer) for layer in layers])
+    struct = Decoder(layers=array, n_layers=len(layers), embed_tokens=_pointer(embed_tokens),
+                     embed_scale=embed_scale, output=output, dim=embed_tokens.size(1), vocab=output.out)
+    struct.layer_array = array  # (kept alive with the struct)
+    if final_norm is not None:
+        struct.final_norm_weight, struct.final_norm_bias = final_norm.weight.data_ptr(), final_norm.bias.data_ptr()
+        struct.final_norm_eps = final_norm.eps
+    struct.widest_input = max([layer.widest_input for layer in layers] + [output.width])
+    struct.widest_ffn = max(layer.fc1.out for layer in layers)
+    return struct
+
+
+def _pointers(tensors) -> "ctypes.Array":
+    return (ctypes.c_void_p * len(tensors))(*[_pointer(tensor) for tensor in tensors])
+
+
 class _Scratch:
     """The work buffers a layer call needs (floats, quantized input bytes, row scales), grown as rows and lengths
     grow (to twice the need, so that a slowly growing need does not reallocate at every call)."""
@@ -286,6 +327,86 @@ class LayerStepper(_Scratch):
             None if source_attend is None else source_attend.data_ptr(),
             None if self_attend is None else self_attend.data_ptr(), self.scratch.data_ptr(),
             self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal))
+
+
+class GreedySearcher(_Scratch):
+    """Runs ``fp_greedy_search``: a sentence's whole greedy search in one call, with its scratch buffers."""
+
+    def __call__(self, decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values,
+                 bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int, max_len: int):
+        """keys/values: each layer's (1, heads, capacity, head_dim) cache, capacity > max_len; cross_keys/values:
+        each layer's (1, heads, S, head_dim); positions: (n, d) float32, row t step t's position embedding, or
+        None. Returns the tokens (end token included) and the cumulative score after each, as tensors."""
+        capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
+        # The C code trusts these shapes (a mismatch would read or write out of bounds, not raise).
+        if not (len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
+                and capacity > max_len >= min_len >= 0
+                and all(t.dtype == torch.float32 and t.is_contiguous() and t.size(0) == 1
+                        for t in (*keys, *values, *cross_keys, *cross_values))
+                and all(k.shape == keys[0].shape for k in (*keys, *values))
+                and all(k.shape == cross_keys[0].shape for k in (*cross_keys, *cross_values))
+                and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
+                                           and positions.dim() == 2 and positions.size(1) == d))):
+            raise ValueError("fp_greedy_search: tensors of unexpected shapes, types or layouts")
+        decoder.positions = None if positions is None else positions.data_ptr()
+        decoder.n_positions = 0 if positions is None else positions.size(0)
+        self.reserve(d + decoder.vocab + 5 * d + decoder.widest_ffn + max(capacity, source_length), 1,
+                     decoder.widest_input)
+        tokens = torch.empty(max_len + 1, dtype=torch.int64)
+        cumulative = torch.empty(max_len + 1)
+        length = _library.fp_greedy_search(
+            ctypes.byref(decoder), _pointers(keys), _pointers(values), capacity, _pointers(cross_keys),
+            _pointers(cross_values), source_length, bos, eos, pad, unk, unk_penalty, min_len, max_len,
+            tokens.data_ptr(), cumulative.data_ptr(), self.scratch.data_ptr(), self.quantized.data_ptr(),
+            self.row_scales.data_ptr())
+        return tokens[:length], cumulative[:length]
+
+
+# fp_beam_search keeps its candidates in fixed arrays: beams up to this size.
+MAX_NATIVE_BEAM = 32
+
+
+class BeamSearcher(_Scratch):
+    """Runs ``fp_beam_search``: a sentence's whole beam search (fairseq's, batch 1) in one call."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache_copy = torch.empty(0)
+
+    def __call__(self, decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values,
+                 beam: int, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int, max_len: int):
+        """keys/values: each layer's (beam, heads, capacity, head_dim) cache, capacity > max_len; cross_keys/values:
+        each layer's (beam, heads, S, head_dim), every row the sentence's; positions as ``GreedySearcher``.
+        Returns the finished hypotheses in the order fairseq finalises them: [(tokens, cumulative scores)]."""
+        capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
+        heads, head_dim = keys[0].size(1), keys[0].size(3)
+        if not (1 <= beam <= MAX_NATIVE_BEAM and capacity > max_len >= min_len >= 0
+                and len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
+                and all(t.dtype == torch.float32 and t.is_contiguous() and t.size(0) == beam
+                        for t in (*keys, *values, *cross_keys, *cross_values))
+                and all(k.shape == keys[0].shape for k in (*keys, *values))
+                and all(k.shape == cross_keys[0].shape for k in (*cross_keys, *cross_values))
+                and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
+                                           and positions.dim() == 2 and positions.size(1) == d))):
+            raise ValueError("fp_beam_search: tensors of unexpected shapes, types or layouts")
+        decoder.positions = None if positions is None else positions.data_ptr()
+        decoder.n_positions = 0 if positions is None else positions.size(0)
+        self.reserve(beam * (6 * d + decoder.vocab + decoder.widest_ffn) + 2 * beam
+                     + max(capacity, source_length), beam, decoder.widest_input)
+        if self.cache_copy.numel() < beam * heads * capacity * head_dim:
+            self.cache_copy = torch.empty(2 * beam * heads * capacity * head_dim)
+        history_tokens = torch.empty(2 * beam * (max_len + 2), dtype=torch.int64)
+        history_scores = torch.empty(2 * beam * (max_len + 2))
+        tokens = torch.empty(beam, max_len + 1, dtype=torch.int64)
+        cumulative = torch.empty(beam, max_len + 1)
+        lengths = torch.empty(beam, dtype=torch.int64)
+        finished = _library.fp_beam_search(
+            ctypes.byref(decoder), _pointers(keys), _pointers(values), capacity, _pointers(cross_keys),
+            _pointers(cross_values), source_length, beam, bos, eos, pad, unk, unk_penalty, min_len, max_len,
+            history_tokens.data_ptr(), history_scores.data_ptr(), tokens.data_ptr(), cumulative.data_ptr(),
+            lengths.data_ptr(), self.scratch.data_ptr(), self.cache_copy.data_ptr(), self.quantized.data_ptr(),
+            self.row_scales.data_ptr())
+        return [(tokens[h, :n], cumulative[h, :n]) for h, n in enumerate(lengths[:finished].tolist())]
 
 
 def padded_width(dim: int) -> int:
