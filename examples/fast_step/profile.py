@@ -6,7 +6,10 @@ the engine's own methods: the encoder, the cross-attention keys and values (``st
 decoder layer, the rest of the decoder step (final norm, Python between the calls), the output layer, the
 log-softmax and fairseq's step rules, the cache reordering of a beam, and what is left of the generator's time:
 the search's bookkeeping (fairseq's SequenceGenerator at beam > 1, the fast step's own loop at greedy). The
-ctypes crossings are counted (native calls per token) and priced by a null ctypes call timed here. Then
+ctypes crossings are counted (native calls per token) and priced by a null ctypes call timed here. That is
+``--search python``, the step-by-step search; ``--search native`` (the default path at batch 1) times the
+whole search of a sentence in one native call (kernel.c: decoder, output layer, log-softmax, search), whose
+parts are not visible from Python, beside the encoder and the cross-attention keys and values. Then
 CTranslate2 (the same checkpoint converted by its fairseq converter, at --ctranslate2-compute-type) decodes the
 same sentences with the same beam and length limit; its time per token is the whole sentence's (its parts are
 not visible from Python). The timers cost about a microsecond a call: the profile's total is a little above a
@@ -30,8 +33,7 @@ import torch
 
 logging.disable(logging.WARNING)
 
-PARTS = ("encoder", "cross-attention keys and values", "embedding", "decoder layers", "rest of the decoder step",
-         "output layer", "log-softmax and step rules", "beam reordering", "search bookkeeping")
+NATIVE_SEARCH = "the whole search in one native call (decoder, output layer, log-softmax, search)"
 
 
 class Clock:
@@ -101,6 +103,8 @@ def instrument(generator, clock: Clock) -> None:
     engine.logits = clock.wrap(engine.logits, lambda *a: "output layer")
     ensemble.next_list_lprobs = clock.wrap(ensemble.next_list_lprobs, lambda *a: "next log-probabilities")
     engine.reorder = clock.wrap(engine.reorder, lambda *a: "beam reordering")
+    engine.greedy_search = clock.wrap(engine.greedy_search, lambda *a: NATIVE_SEARCH)
+    engine.beam_search = clock.wrap(engine.beam_search, lambda *a: NATIVE_SEARCH)
     if engine.layer_step is not None:  # one native call a layer
         index = {id(layer): i for i, layer in enumerate(engine.native_layers)}
         engine.layer_step = clock.wrap(engine.layer_step, lambda layer, *a: f"decoder layer {index[id(layer)]}")
@@ -110,6 +114,8 @@ def instrument(generator, clock: Clock) -> None:
 
 def profile_fast_step(args, task, models, batches) -> Dict:
     generator = task.build_generator(models, args.generation)
+    if args.search == "python":  # the step-by-step search: no native whole-sentence search
+        generator.model.engine.greedy_searcher = generator.model.engine.beam_searcher = None
     for batch in batches[:2]:  # warm-up
         generator.generate(models, batch)
     clock = Clock()
@@ -128,15 +134,20 @@ def profile_fast_step(args, task, models, batches) -> Dict:
     parts = {
         "encoder": s["encoder"],
         "cross-attention keys and values": s["cross-attention keys and values"],
-        "embedding": s["embedding"],
-        **dict(sorted(layers.items())),
-        "rest of the decoder step": step_seconds - s["embedding"] - sum(layers.values()),
-        "output layer": s["output layer"],
-        "log-softmax and step rules": s["next log-probabilities"] - step_seconds - s["output layer"],
-        "beam reordering": s["beam reordering"],
     }
+    if args.search == "native":
+        parts[NATIVE_SEARCH] = s[NATIVE_SEARCH]
+    else:
+        parts.update({
+            "embedding": s["embedding"],
+            **dict(sorted(layers.items())),
+            "rest of the decoder step": step_seconds - s["embedding"] - sum(layers.values()),
+            "output layer": s["output layer"],
+            "log-softmax and step rules": s["next log-probabilities"] - step_seconds - s["output layer"],
+            "beam reordering": s["beam reordering"],
+        })
     parts["search bookkeeping"] = total - sum(parts.values())
-    native_calls = sum(calls[name] for name in layers)
+    native_calls = sum(calls[name] for name in layers) + calls[NATIVE_SEARCH]
     return {"seconds": total, "sentences": len(batches), "output_tokens": tokens, "decoder_steps": steps,
             "parts_seconds": parts, "native_calls": native_calls,
             "ms_per_token": {name: 1000 * seconds / tokens for name, seconds in parts.items()},
@@ -177,7 +188,7 @@ def markdown(result: Dict) -> str:
                  f"**{reference['ms_per_token_total']:.3f}** | "
                  f"{100 * reference['ms_per_token_total'] / fast['ms_per_token_total']:.0f}% |")
     beam = "greedy" if result["beam"] == 1 else f"beam {result['beam']}"
-    return (f"{beam}, batch 1, {result['threads']} thread(s), {fast['sentences']} sentences, "
+    return (f"{beam}, {result['search']} search, batch 1, {result['threads']} thread(s), {fast['sentences']} sentences, "
             f"{fast['output_tokens']} output tokens (fast step) and {reference['output_tokens']} (CTranslate2), "
             f"model sha256 {result['checkpoint_sha256'][:12]}\n\n" + "\n".join(lines) + "\n")
 
@@ -191,6 +202,9 @@ def main():
     p.add_argument("--ctranslate2-compute-type", default=None,
                    help="CTranslate2's compute type (default: int8 for --precision int8, else float32)")
     p.add_argument("--beam", type=int, default=1)
+    p.add_argument("--search", choices=("native", "python"), default="native",
+                   help="native: the whole search of a sentence in one native call (the fast step's path at batch "
+                        "1); python: step by step, each part timed")
     p.add_argument("--limit", type=int, default=200, help="the first N sentences (0: all)")
     p.add_argument("--max-len-a", type=float, default=1.2)
     p.add_argument("--max-len-b", type=int, default=10)
@@ -209,7 +223,7 @@ def main():
     args.generation = cfg.generation
     result = {
         "checkpoint": os.path.abspath(args.path), "checkpoint_sha256": file_sha256(args.path),
-        "precision": args.precision, "beam": args.beam, "threads": args.threads,
+        "precision": args.precision, "beam": args.beam, "search": args.search, "threads": args.threads,
         "length_limit": f"{args.max_len_a:g} * source + {args.max_len_b}",
         "null_ctypes_call_seconds": null_ctypes_call_seconds(),
         "fast_step": profile_fast_step(args, task, models, batches),

@@ -18,8 +18,9 @@
 #           converted by CTranslate2's fairseq converter), the whole test set, one thread, length limit
 #           1.2 x source + 10 on every side: fp32 against CTranslate2 float32 and int8 against CTranslate2 int8,
 #           greedy and beam 5 at batch 1, and int8 beam 5 at batch BATCH: RESULTS/fast_step_ctranslate2.json
-#   profile : where a token's time goes (examples/fast_step/profile.py), int8 greedy and beam 5, beside
-#           CTranslate2 int8's time a token: RESULTS/fast_step_profile_{greedy,beam5}.{json,md}
+#   profile : where a token's time goes (examples/fast_step/profile.py), int8 greedy and beam 5, the search step
+#           by step (each part timed) and in one native call, beside CTranslate2 int8's time a token:
+#           RESULTS/fast_step_profile_{greedy,beam5}_{python,native}.{json,md}
 #
 # Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
@@ -134,9 +135,11 @@ fi
 
 if stage profile; then
   for beam in 1 5; do
-    name=fast_step_profile_$([[ $beam == 1 ]] && echo greedy || echo beam$beam)
-    python "$(dirname "$0")/profile.py" --path "$CHECKPOINT" --data "$DATA" --precision int8 --beam "$beam" \
-      --limit "${PROFILE_LIMIT:-300}" --threads "${THREADS:-1}" --json "$RESULTS/$name.json" \
-      --markdown "$RESULTS/$name.md"
+    for search in python native; do
+      name=fast_step_profile_$([[ $beam == 1 ]] && echo greedy || echo beam$beam)_$search
+      python "$(dirname "$0")/profile.py" --path "$CHECKPOINT" --data "$DATA" --precision int8 --beam "$beam" \
+        --search "$search" --limit "${PROFILE_LIMIT:-300}" --threads "${THREADS:-1}" --json "$RESULTS/$name.json" \
+        --markdown "$RESULTS/$name.md"
+    done
   done
 fi
