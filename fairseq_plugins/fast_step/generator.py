@@ -36,14 +36,19 @@ STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as starte
 
 
 # model -> {(precision, features_only): (the parameters' fingerprint, engine, encoder)}: what fast_step_parts built
-# for a loaded model, reused by every generator built on it (fairseq's hub interface builds one a translate call).
+# for a loaded model, reused by every generator built on it (fairseq's hub interface builds one a translate call);
+# and model -> its parameters, listed once (walking the modules at every call cost more than the check).
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PARAMETERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _parameters_fingerprint(model) -> Tuple:
-    """Changes when a parameter is replaced, moved, cast or written in place (training, ``load_state_dict``,
-    ``half()``, ``to()``): then the engine's copies of the weights are stale."""
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
+    """Changes when a parameter's data is replaced, moved, cast or written in place (training,
+    ``load_state_dict``, ``half()``, ``to()``): then the engine's copies of the weights are stale."""
+    parameters = _PARAMETERS.get(model)
+    if parameters is None:
+        parameters = _PARAMETERS[model] = list(model.parameters())
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
 
 
 def fast_step_parts(model, precision: str, features_only: bool = False):
