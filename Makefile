@@ -40,7 +40,7 @@ INSTALL_FAIRSEQ = $(if $(FROM_SOURCE),$(BIN)/python -m pip install -q cython num
   $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)")
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test test-fast demo baseline gpu-check gpu-dry-run clean help
+.PHONY: install test test-fast demo baseline results gpu-check gpu-dry-run clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
@@ -49,6 +49,8 @@ help:
 	@echo "             this package (TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU torch; README, Installing;"
 	@echo "             FAIRSEQ_FROM_SOURCE=1: fairseq compiled from $(FAIRSEQ_SOURCE), where its wheel is missing)"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
+	@echo "make results   re-measure every README row from the pinned models (docs/results/models.json) on an idle"
+	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
 	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 
@@ -79,6 +81,11 @@ demo: install
 
 baseline: install
 	examples/baseline/run.sh $(if $(DATA),$(DATA),../shared/data/multi30k)
+
+# Every README row again from the pinned model set; refuses to start unless every pinned model is here with its
+# recorded hash, and on a loaded machine.
+results: install
+	DATA="$(if $(DATA),$(DATA),../shared/data/multi30k)" examples/results/remeasure.sh
 
 # No install step: on a lent GPU machine the kit installs the carried wheels itself (docs/gpu.md).
 gpu-check:

@@ -61,8 +61,12 @@ def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_e
     assert chosen[("fast", "cuda")] == ("fast_sweep.json", "on a GPU", "fastest within 1 BLEU of stock")
     assert chosen[("lossy", "cpu")] == ("fast.json", "a", "none within 1 BLEU: closest in BLEU")
     assert chosen[("lossy", "cuda")] == ("fast.json", "b", "none within 1 BLEU: closest in BLEU")
-    # A cached-against-recomputed bench is turned round: the cache is the method.
-    name, cnn, _ = next(row for row in best_per_method(results) if row[1]["method"] == "cnn")
+    # A cached-against-recomputed bench is turned round (the cache is the method), and is an ablation: on the
+    # method's page, not in the README's rows.
+    from fairseq_plugins.bench.overview import best_per_file
+
+    assert "cnn" not in {r["method"] for _, r, _ in best_per_method(results)}
+    name, cnn, _ = best_per_file(results, "cnn", None)[0]
     assert cnn["label"] == "cached vs recomputed: length 400" and cnn["generator"]["description"] == "greedy"
     assert (round(cnn["speed_ratio"], 2), round(cnn["speed_ratio_min"], 2), round(cnn["speed_ratio_max"], 2)) == \
         (10.0, 9.09, 11.11)
@@ -84,16 +88,18 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
                 "--overview-plot", tmp_path / "overview.png")
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
-    assert "| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | 2.50x (2.50-2.50) | 1 | test CPU |" in text
+    assert ("| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | same model | 2.50x (2.50-2.50) | 1 | "
+            "test CPU | not sampled | 10 |") in text
     # each row links the file it came from, relative to the README; the text leaves out docs/results/
     assert "| fastest within 1 BLEU of stock | [fast_sweep.json](docs/results/fast_sweep.json) |" in text
     assert "[gpu/gpu_only.json](docs/results/gpu/gpu_only.json)" in text
     # a row scored on the whole split quotes that BLEU, and says on how many sentences
-    assert "| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | 17.00x (17.00-17.00) | 1 | test CPU | 10 (BLEU: 1000) |" \
-        in text
-    # forced lengths: no BLEU to quote, whether the outputs were identical instead
-    assert ("| cnn | cached vs recomputed: length 400 (greedy) | - (every output forced to 400 tokens) | "
-            "identical outputs | 10.00x (9.09-11.11), spread 20% ! |") in text
+    assert ("| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | same model | 17.00x (17.00-17.00) | 1 | "
+            "test CPU | not sampled | 10 (BLEU: all 1000) |") in text
+    # no hashes recorded: every row says it comes from an unpinned model set
+    assert "From an unpinned model set" in text and "From the pinned model set" not in text
+    # a cache ablation (forced lengths) is not a README row
+    assert "| cnn |" not in text
     assert (tmp_path / "overview.png").read_bytes()[:4] == b"\x89PNG"
     assert plugins_cli("report", results_dir, results_dir / "gpu", "--readme", readme, "--check").returncode == 0
 
@@ -117,12 +123,13 @@ def test_the_readme_in_this_repository_is_current_with_docs_results():
 def test_a_forced_length_bench_quotes_no_bleu():
     """Every output forced to one length (ByteNet's sweep): BLEU says nothing; the row says whether both sides
     wrote the same outputs."""
-    from fairseq_plugins.bench.overview import readme_block
+    from fairseq_plugins.bench.overview import readme_block, row_line
 
     row = result("cnn", "length 200", 0.0, 0.0, 4.0)
     row["generator"].update(min_len=200, max_len_a=0.0, max_len_b=200)
     for identical, cell in ((1.0, "identical outputs"), (0.9, "-")):
         row["stats"] = {"outputs_identical_to_baseline": identical}
-        assert f"| - (every output forced to 200 tokens) | {cell} | 4.00x" in readme_block([("cnn.json", row)])
-    row["generator"].update(max_len_b=300)  # a cap, not a forced length: BLEU as usual
-    assert "| 0.00 (0.00) | +0.00 | 4.00x" in readme_block([("cnn.json", row)])
+        assert f"| - (every output forced to 200 tokens) | {cell} | same model" in \
+            row_line("cnn.json", row, "why", ".", None, None)
+    row["generator"].update(max_len_b=300)  # a cap, not a forced length: BLEU as usual, and a README row
+    assert "| 0.00 (0.00) | +0.00 | same model | 4.00x" in readme_block([("cnn.json", row)])

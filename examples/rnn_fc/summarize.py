@@ -109,8 +109,10 @@ def main():
     targets = {}
     if table1:
         exact = [r["bleu"] for r in table1[:5] if r["bleu"] is not None]
-        targets["cumulative_speedup_all_switches"] = dict(cumulative(table1[-1]), target=4.4,
-                                                          met=table1[-1]["speedup_over_plain"] >= 4.4)
+        # A flagged ratio (of either row) supports no "met" (docs/results/targets.json, the method page).
+        flags = sorted(set(table1[-1]["speed_ratio_flags"] + table1[0]["speed_ratio_flags"]))
+        targets["cumulative_speedup_all_switches"] = dict(cumulative(table1[-1]), target=4.4, flags=flags,
+                                                          met=table1[-1]["speedup_over_plain"] >= 4.4 and not flags)
         targets["cumulative_speedup_exact_switches"] = cumulative(table1[4])
         spread = round(max(exact) - min(exact), 2) if exact else None
         targets["exact_switches_bleu_spread"] = {"value": spread, "target": 0.1,

@@ -121,20 +121,35 @@ def add_bench_parser(subparsers):
     r.add_argument("--readme", metavar="README", help="rewrite the block between the results markers of this file "
                                                       "with every method's best measured setting")
     r.add_argument("--check", action="store_true",
-                   help="with --readme: change nothing, exit 1 if the README's block is out of date")
+                   help="with --readme: change nothing, exit 1 if a generated block (the README's, a method page's "
+                        "under docs/) is out of date")
+    r.add_argument("--models", metavar="JSON",
+                   help="the pinned model set (default: models.json in the results directory, docs/results)")
+    r.add_argument("--check-models", action="store_true",
+                   help="hash every pinned model present on this machine; exit 1 naming each whose file differs")
+    r.add_argument("--require-all-models", action="store_true",
+                   help="with --check-models: also fail where a pinned model is missing or its hash unrecorded "
+                        "(what `make results` checks before it measures)")
     r.add_argument("--overview-plot", metavar="PNG",
                    help="write the cross-method plot (ΔBLEU against speed ratio, every setting)")
     r.set_defaults(run=run_report)
 
 
 def run_report(args, argv):
+    if args.check_models:
+        from .pinned import MODELS_FILE, run_check_models
+
+        status = run_check_models(args.models or MODELS_FILE, os.getcwd(), args.require_all_models)
+        if status:
+            raise SystemExit(status)
+        return
     if args.check and not args.readme:
         raise InputError("--check goes with --readme")
     if args.readme or args.overview_plot:
         from .overview import DEFAULT_RESULTS, run_overview
 
         status = run_overview(args.results or [p for p in DEFAULT_RESULTS if os.path.isdir(p)], args.readme,
-                              args.check, args.overview_plot)
+                              args.check, args.overview_plot, args.models)
         if status:
             raise SystemExit(status)
         return

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# `make results`: re-measure every README row from the pinned model set (docs/results/models.json) on an idle
+# machine, rewriting the bench JSONs of docs/results, then regenerate the README's and the method pages' blocks.
+#
+# Refuses to start while a pinned model is missing here, its hash is not recorded, or its file differs from its
+# pin (`fairseq-plugins report --check-models --require-all-models`): a new machine first re-trains the set with
+# the recipes (each model's "recipe" in models.json), pins the hashes, then runs this. Refuses a loaded machine
+# too (1-minute load average above MAX_LOAD, 0.5): rows measured beside a training are not comparable with idle
+# ones. Each row comes from its recipe's bench stage with RESULTS=docs/results and the whole test set timed
+# (BENCH_LIMIT=0: every BLEU on the whole split); rows measured by a bench command of their own (no recipe stage)
+# are re-run from the command their JSON recorded. The GPU rows need a device: `examples/gpu/run.sh bench`
+# (docs/gpu.md), not run here.
+#
+# Usage: make results [DATA=../shared/data/multi30k] [SHAKESPEARE=../shared/data/tinyshakespeare]
+#   env: DATA, SHAKESPEARE, MAX_LOAD (0.5), DRY_RUN (1: print the commands, run none)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=examples/tools.sh
+source examples/tools.sh
+DATA=${DATA:-../shared/data/multi30k}
+SHAKESPEARE=${SHAKESPEARE:-../shared/data/tinyshakespeare}
+MAX_LOAD=${MAX_LOAD:-0.5}
+
+if ! fairseq-plugins report --check-models --require-all-models; then
+  echo "make results: the pinned model set is not all here and pinned (above); re-train the missing models with" \
+       "their recipes (docs/results/models.json), record their sha256, then run it again" >&2
+  exit 2
+fi
+load=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v load="$load" -v max="$MAX_LOAD" 'BEGIN { exit !(load > max) }'; then
+  echo "make results: load average $load > MAX_LOAD=$MAX_LOAD: the figures are measured on an idle machine" >&2
+  exit 2
+fi
+
+run() {
+  echo "+ $*"
+  [[ ${DRY_RUN:-} == 1 ]] || env "$@"
+}
+
+# Re-run the bench command a results file recorded for one row (its last `commands` entry), writing the row
+# back into that file in place of the old one (the same label).
+replay() {
+  local file=$1 label=$2
+  python - "$file" "$label" <<'PY'
+import json, shlex, subprocess, sys, tempfile
+path, label = sys.argv[1:]
+data = json.load(open(path))
+rows = data if isinstance(data, list) else [data]
+(row,) = [r for r in rows if r.get("label") == label]
+argv = shlex.split(row["commands"][-1])
+out = tempfile.mktemp(suffix=".json")
+argv[argv.index("--json") + 1] = out
+if "--append" in argv:
+    argv.remove("--append")
+print("+", shlex.join(argv), flush=True)
+subprocess.run(argv, check=True)
+new = json.load(open(out))
+rows = [new if r is row else r for r in rows]
+with open(path, "w", encoding="utf-8") as f:
+    json.dump(rows if len(rows) > 1 else rows[0], f, indent=2, ensure_ascii=False)
+    f.write("\n")
+PY
+}
+
+export RESULTS=docs/results THREADS=1 BENCH_LIMIT=0
+run STAGES=bench examples/baseline/run.sh "$DATA" work/baseline
+run STAGES="exact fast devlin" LIMIT=0 LIST=work/rnn_fc/shortlist.pt examples/fast_step/run.sh work/baseline work/fast_step
+run STAGES=fast BEST_VARIANT=self FAST_LIMIT=0 examples/blockwise/run.sh work/baseline work/blockwise
+run TRAIN_ON=distill STAGES="bench fast" BENCH_BATCHES=1 SYSTEMS="l2r-1 l2r-2 r2l-2 bidir-2" \
+  examples/double_token/run.sh work/baseline work/double_token_distill
+run MAIN_SYSTEM=fc4-tanh-tenc-ft LIST_TOP=50 LIST_FREQUENT=2000 STAGES="shortlist versus" \
+  examples/rnn_fc/run.sh work/baseline work/rnn_fc
+run RESULTS=docs/results/bytenet-cpu MT_SYSTEMS="bytenet-mt-anneal transformer-mt-anneal" LM_SYSTEMS= \
+  STAGES="bench summary" examples/bytenet/run.sh "$DATA" "$SHAKESPEARE" work/bytenet
+# Rows that came from a bench command of their own, not a recipe stage.
+for row in "docs/results/lattice_ffn512.json|ffn512 (epochs 19-23) K=16 int8 nr3, native encoder layers" \
+           "docs/results/blockwise_self_batched.json|self k=2 fast int8 batch 32"; do
+  echo "+ replay ${row%%|*}: ${row#*|}"
+  [[ ${DRY_RUN:-} == 1 ]] || replay "${row%%|*}" "${row#*|}"
+done
+run fairseq-plugins report --readme README.md --overview-plot docs/results/overview.png
+echo "make results: done on the CPU; the GPU rows: examples/gpu/run.sh bench on a lent device (docs/gpu.md)"

@@ -1,0 +1,176 @@
+"""The pinned model set (docs/results/models.json): every model the README's and the method pages' figures use,
+named by its sha256, with the recipe command that trains it, its data, date and validation curve.
+
+A bench result records the sha256 of the checkpoints it measured (``hashes``, docs/bench.md); ``report`` shows a
+result only when both are in the set, shows results measured before hashes were recorded as "from an unpinned
+model set", and refuses a result whose hashes are recorded but pinned nowhere. ``report --check-models`` hashes
+the pinned files present on this machine and fails naming each model whose file no longer matches its pin.
+"""
+
+import json
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+from ..common.textio import InputError
+from .provenance import SHORT_HASH, file_sha256
+
+MODELS_FILE = os.path.join("docs", "results", "models.json")
+UNPINNED = "unpinned"
+PINNED = "pinned"
+REQUIRED_KEYS = ("name", "what", "path", "recipe", "data", "date", "sha256")
+
+
+def load_models(path: str) -> Dict:
+    """models.json, checked: a list of models, each with REQUIRED_KEYS, names unique, sha256 64 hex digits or
+    null (with the reason in ``sha256_note``)."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such pinned model set")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from error
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, list) or not models:
+        raise InputError(f"{path}: needs a non-empty list 'models'")
+    names = set()
+    for number, model in enumerate(models):
+        missing = [key for key in REQUIRED_KEYS if not isinstance(model, dict) or key not in model]
+        if missing:
+            raise InputError(f"{path}: model {number} lacks {', '.join(missing)}")
+        if model["name"] in names:
+            raise InputError(f"{path}: model name {model['name']!r} is pinned twice")
+        names.add(model["name"])
+        digest = model["sha256"]
+        if digest is None and not model.get("sha256_note"):
+            raise InputError(f"{path}: model {model['name']!r} has no sha256 and no sha256_note saying why")
+        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
+            raise InputError(f"{path}: model {model['name']!r}: sha256 must be 64 lowercase hex digits or null")
+    return data
+
+
+def pinned_hashes(models: Dict) -> Dict[str, str]:
+    """sha256 -> model name, for the models whose hash is recorded."""
+    return {model["sha256"]: model["name"] for model in models["models"] if model["sha256"]}
+
+
+def work_path(path: Optional[str]) -> Optional[str]:
+    """A checkpoint path as the recipes name it, relative to the repository (``work/...``), whichever machine's
+    absolute path a result recorded (``/work/main/work/baseline/...``, ``/root/work/...``)."""
+    if not path:
+        return path
+    path = path.replace(os.sep, "/")
+    starts = [m.start(1) for m in re.finditer(r"(?:^|/)(work/)", path)]
+    return path[starts[-1]:] if starts else path
+
+
+def model_set(result: Dict, models: Optional[Dict]) -> str:
+    """PINNED when both checkpoints' hashes are in the set, UNPINNED when the result recorded no hashes (measured
+    before they were); a result with hashes outside the set raises (``refused``)."""
+    hashes = result.get("hashes")
+    if not hashes:
+        return UNPINNED
+    problem = refused(result, models)
+    if problem:
+        raise InputError(problem)
+    return PINNED
+
+
+def refused(result: Dict, models: Optional[Dict], where: str = "") -> Optional[str]:
+    """Why a result with recorded hashes cannot be shown (a checkpoint pinned nowhere), or None."""
+    hashes = result.get("hashes")
+    if not hashes:
+        return None
+    known = pinned_hashes(models) if models else {}
+    label = result.get("label") or result.get("method")
+    for role in ("checkpoint", "baseline_checkpoint"):
+        digest = hashes.get(role)
+        if digest not in known:
+            return (f"{where}{label}: its {role.replace('_', ' ')} (sha256 {str(digest)[:SHORT_HASH]}..., "
+                    f"{result.get(role)}) is not in the pinned model set {MODELS_FILE}: re-measure it from the "
+                    "pinned models (make results) or pin that model (its recipe command, data, date, curve and "
+                    "sha256) before it goes into a generated block")
+    return None
+
+
+def stock_side_key(result: Dict) -> Tuple[str, str]:
+    """(kind, key) identifying the stock side of a result: ("sha256", hash) when recorded, else ("path", its
+    work path): results are grouped by it, and a BLEU delta is against it."""
+    hashes = result.get("hashes") or {}
+    if hashes.get("baseline_checkpoint"):
+        return "sha256", hashes["baseline_checkpoint"]
+    return "path", work_path(result.get("baseline_checkpoint")) or "?"
+
+
+def results_name(path: str) -> str:
+    """A results file as models.json's "figures" name it: relative to docs/results (``gpu/lattice.json``)."""
+    path = path.replace(os.sep, "/")
+    return path.split("docs/results/", 1)[1] if "docs/results/" in path else os.path.basename(path)
+
+
+def model_paths(model: Dict) -> List[str]:
+    """Where a pinned model was read from: its path, and the other paths a copy of it was benched under."""
+    return [work_path(model["path"])] + [work_path(other.split(" (")[0]) for other in model.get("other_paths", [])]
+
+
+def figure_files(model: Dict) -> List[str]:
+    """The results files a model's "figures" entry names (each word ending in .json)."""
+    return [word.strip("(),;") for text in model.get("figures", []) for word in text.split()
+            if word.strip("(),;").endswith(".json")]
+
+
+def model_name(result: Dict, role: str, models: Optional[Dict], results_file: Optional[str] = None) -> str:
+    """The pinned name of a result's checkpoint (role "checkpoint" or "baseline_checkpoint"): by hash when the
+    result recorded one; else (an unpinned result) by path, and only where models.json lists the result's file
+    among that model's figures, since a path held other models at other times; else the path itself."""
+    digest = (result.get("hashes") or {}).get(role)
+    if digest and models:
+        name = pinned_hashes(models).get(digest)
+        if name:
+            return name
+    path = work_path(result.get(role))
+    for model in (models or {}).get("models", []):
+        if path in model_paths(model) and results_file and results_name(results_file) in figure_files(model):
+            return model["name"]
+    return path or "?"
+
+
+def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[List[str], List[str]]:
+    """Hash every pinned model's file present under ``root``. Returns (lines to print, problems): a file whose
+    sha256 differs from its pin is a problem; with ``require_all`` (before re-measuring) so is a missing file or
+    a model whose hash was never recorded."""
+    lines, problems = [], []
+    for model in models["models"]:
+        path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
+        if not os.path.isfile(path):
+            line = f"{model['name']}: {model['path']} is not on this machine"
+            if require_all:
+                problems.append(line + f" (train it: {model['recipe']})")
+            lines.append(line)
+            continue
+        actual = file_sha256(path)
+        if model["sha256"] is None:
+            line = (f"{model['name']}: {model['path']} has sha256 {actual}, but models.json records none "
+                    f"({model.get('sha256_note')})")
+            if require_all:
+                problems.append(line + ": pin it first")
+            lines.append(line)
+        elif actual != model["sha256"]:
+            line = (f"{model['name']}: {model['path']} changed: sha256 {actual}, models.json pins "
+                    f"{model['sha256']}")
+            problems.append(line)
+            lines.append(line)
+        else:
+            lines.append(f"{model['name']}: {model['path']} matches its pin ({actual[:SHORT_HASH]}...)")
+    return lines, problems
+
+
+def run_check_models(models_path: str, root: str, require_all: bool) -> int:
+    models = load_models(models_path)
+    lines, problems = check_models(models, root, require_all)
+    print("\n".join(lines))
+    if problems:
+        print(f"{models_path}: {len(problems)} pinned model(s) do not match:\n" + "\n".join(problems))
+        return 1
+    return 0
