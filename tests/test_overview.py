@@ -74,6 +74,18 @@ def test_each_method_shows_its_fastest_setting_that_keeps_bleu_per_device_from_e
     assert chosen[("lattice", "cpu")] == ("fast_sweep.json", "K=12", "fastest within 3.5 BLEU of stock")
 
 
+def test_a_row_measured_against_ctranslate2_shows_that_ratio(results_dir):
+    from fairseq_plugins.bench.overview import row_line
+
+    measured = result("fast", "int8 vs CT2", 33.2, 34.0, 2.5)
+    runs = [1.1, 1.2, 1.25]
+    measured["ctranslate2"] = {"compute_type": "int8", "bleu": 33.5, "speed_ratio": 1.2, "speed_ratio_runs": runs,
+                               "speed_ratio_min": 1.1, "speed_ratio_max": 1.25, "speed_ratio_spread": 0.125}
+    line = row_line(str(results_dir / "fast.json"), measured, "chosen", str(results_dir.parent), None, 1000)
+    # CTranslate2 time / method time, its spread flagged (over 10%), its compute type and BLEU
+    assert "| 2.50x (2.50-2.50) | 1.20x (1.10-1.25) !, CT2 int8 BLEU 33.50 |" in line
+
+
 def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nbefore\n\n{BEGIN}\nstale text\n{END}\n\nafter\n")
@@ -88,13 +100,13 @@ def test_readme_block_is_written_between_the_markers_and_checked(results_dir, tm
                 "--overview-plot", tmp_path / "overview.png")
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
-    assert ("| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | same model | 2.50x (2.50-2.50) | 1 | "
+    assert ("| fast | sweep k=3 (greedy) | 33.20 (34.00) | -0.80 | same model | 2.50x (2.50-2.50) | - | 1 | "
             "test CPU | not sampled | 10 |") in text
     # each row links the file it came from, relative to the README; the text leaves out docs/results/
     assert "| fastest within 1 BLEU of stock | [fast_sweep.json](docs/results/fast_sweep.json) |" in text
     assert "[gpu/gpu_only.json](docs/results/gpu/gpu_only.json)" in text
     # a row scored on the whole split quotes that BLEU, and says on how many sentences
-    assert ("| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | same model | 17.00x (17.00-17.00) | 1 | "
+    assert ("| lattice | K=12 (greedy) | 31.00 (34.40) | -3.40 | same model | 17.00x (17.00-17.00) | - | 1 | "
             "test CPU | not sampled | 10 (BLEU: all 1000) |") in text
     # no hashes recorded: every row says it comes from an unpinned model set
     assert "From an unpinned model set" in text and "From the pinned model set" not in text
