@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_plugins.common.attention import attention, softmax_last_dim
+from fairseq_plugins.kernels.attention import attention, softmax_last_dim
 
 NEG = float("-inf")
 

@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from fairseq import checkpoint_utils
 
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
     from fairseq_plugins.bytenet.model import ByteNetModel
 
     torch.set_num_threads(1)

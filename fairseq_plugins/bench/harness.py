@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import user_dir
-from ..common.prepared import PreparedData
 from ..common.textio import InputError, atomic_output, check_output_path, read_lines, read_parallel, write_lines
+from ..tools.prepared import PreparedData
 from . import report
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
                       percentile, speed_ratio_figures, usable_cores)

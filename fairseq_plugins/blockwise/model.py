@@ -22,8 +22,8 @@ from torch import Tensor
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
 
-from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
+from ..common.presets import transformer_multi30k, transformer_tiny
 from ..common.incremental import IncrementalState
 from ..common.warm_start import warm_start
 
@@ -305,11 +305,11 @@ def blockwise_transformer(args):
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_multi30k")
 def blockwise_transformer_multi30k(args):
     """The baseline's sizes (examples/baseline): warm-starts from its checkpoint."""
-    baseline_transformer_multi30k(args)
+    transformer_multi30k(args)
     blockwise_defaults(args)
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_tiny")
 def blockwise_transformer_tiny(args):
-    baseline_transformer_tiny(args)
+    transformer_tiny(args)
     blockwise_defaults(args, num_heads=4)

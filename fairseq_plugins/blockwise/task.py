@@ -15,7 +15,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.warm_start import warm_start_unless_resuming
-from ..fast_step.task import FastStepConfig, check_fast_step_model, fast_step_precision
+from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_model, fast_step_precision
 from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel

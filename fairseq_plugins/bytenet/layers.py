@@ -15,7 +15,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from .. import native
+from ..kernels import native
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 

@@ -27,6 +27,7 @@ from fairseq.tasks.translation import TranslationTask
 from torch import Tensor, nn
 
 from ..common.dictionaries import check_vocabulary_sizes, data_directory, keep_or_check_model_dictionaries
+from ..common.presets import set_default
 from ..common.textio import InputError
 from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, keeps_every_row, parse_dilations
 
@@ -331,23 +332,17 @@ def _warn_if_unfolding_changed(args):
         )
 
 
-def _default(args, name: str, value) -> None:
-    """Set a flag the command line and the preset left unset (an explicit 0 stays, for the checks to see)."""
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
 def _stack_defaults(args, side, embed, hidden, blocks, dilations="1,2,4,8,16", block_type="relu"):
     for name, value in (("embed_dim", embed), ("hidden_dim", hidden), ("blocks", blocks),
                         ("dilations", dilations), ("block_type", block_type), ("layerdrop", 0.0)):
-        _default(args, f"{side}_{name}", value)
+        set_default(args, f"{side}_{name}", value)
 
 
 def _shared_defaults(args, kernel_size=3, output_hidden=None, dropout=0.0, max_positions=4096):
-    _default(args, "kernel_size", kernel_size)
-    _default(args, "output_hidden_dim", output_hidden or args.decoder_hidden_dim)
-    _default(args, "dropout", dropout)
-    _default(args, "max_target_positions", max_positions)
+    set_default(args, "kernel_size", kernel_size)
+    set_default(args, "output_hidden_dim", output_hidden or args.decoder_hidden_dim)
+    set_default(args, "dropout", dropout)
+    set_default(args, "max_target_positions", max_positions)
 
 
 def _translation_defaults(args, d, blocks=30, dropout=0.0):
@@ -356,10 +351,10 @@ def _translation_defaults(args, d, blocks=30, dropout=0.0):
     _stack_defaults(args, "encoder", d, d // 2, blocks)
     _stack_defaults(args, "decoder", d, d, blocks)
     _shared_defaults(args, output_hidden=d, dropout=dropout)
-    _default(args, "unfold_a", 1.2)
-    _default(args, "unfold_b", 0.0)
-    _default(args, "share_all_embeddings", False)
-    _default(args, "max_source_positions", 4096)
+    set_default(args, "unfold_a", 1.2)
+    set_default(args, "unfold_b", 0.0)
+    set_default(args, "share_all_embeddings", False)
+    set_default(args, "max_source_positions", 4096)
 
 
 @register_model_architecture("bytenet", "bytenet")

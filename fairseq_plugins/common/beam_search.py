@@ -24,11 +24,17 @@ from typing import Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from ..candidates import Shortlist
 from .generation import MethodGenerator
 from .step_rules import StepRules
 
 logger = logging.getLogger(__name__)
+
+
+class CandidateLists(Protocol):
+    """What the search reads of candidate lists (``kernels.shortlist.Shortlist``)."""
+
+    def candidates(self, src_tokens: Tensor) -> Tuple[Tensor, Tensor]:
+        """Each sentence's list of vocabulary ids (B, C), padded to the longest list, and which are real (B, C)."""
 
 
 class StepModel(Protocol):
@@ -175,7 +181,7 @@ class BeamSearchGenerator(MethodGenerator):
     ``fairseq-plugins bench`` (generation_stats) and the exit log: decoder steps, model calls, candidate-list
     sizes, sentences stopped early; ``settings`` adds the subclass's switches to both."""
 
-    def __init__(self, model, tgt_dict, stepper, beam: int = 5, shortlist: Optional[Shortlist] = None,
+    def __init__(self, model, tgt_dict, stepper, beam: int = 5, shortlist: Optional[CandidateLists] = None,
                  early_stop_delta: Optional[float] = None, settings: Optional[Dict] = None, **search_args):
         self.model, self.stepper, self.tgt_dict = model, stepper, tgt_dict
         self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()  # fairseq-generate reads the generator's eos

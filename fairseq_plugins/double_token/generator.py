@@ -36,7 +36,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from ..common.generation import MethodGenerator
 from ..common.step_rules import StepRules, nan_to_minus_inf_
-from ..fast_step.generator import FastStepSequenceGenerator, fast_step_parts
+from ..kernels.decoder_step import fast_step_parts
+from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)

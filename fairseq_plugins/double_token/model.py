@@ -20,8 +20,8 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
+from ..common.presets import transformer_multi30k, transformer_tiny
 from ..common.warm_start import warm_start
 from .folding import check_token_order
 
@@ -126,10 +126,10 @@ def double_token_transformer(args):
 def double_token_transformer_multi30k(args):
     """The baseline's sizes (3+3 layers, 256-d, shared embeddings), decoder with learned positions."""
     _learned_target_positions(args)
-    baseline_transformer_multi30k(args)
+    transformer_multi30k(args)
 
 
 @register_model_architecture("double_token_transformer", "double_token_transformer_tiny")
 def double_token_transformer_tiny(args):
     _learned_target_positions(args)
-    baseline_transformer_tiny(args)
+    transformer_tiny(args)

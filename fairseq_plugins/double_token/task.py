@@ -25,8 +25,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.warm_start import warm_start_unless_resuming
-from ..fast_step.generator import FastStepSequenceGenerator
-from ..fast_step.task import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
 from .generator import (FORCED_EOD_SCORES, DoubleTokenGenerator, FastStepRightToLeftGenerator,
                         RightToLeftSequenceGenerator)

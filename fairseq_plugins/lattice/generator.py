@@ -25,9 +25,9 @@ import torch
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
-from ..candidates import PRECISIONS
 from ..common.generation import MethodGenerator
-from ..int8 import int8_encoder
+from ..kernels.int8 import int8_encoder
+from ..kernels.precision import check_precision
 from .ibm2 import CandidateTable, never_candidates
 from .model import HoistedLatticeScorer
 from .viterbi import beam_search_without_repeats, viterbi
@@ -58,12 +58,10 @@ class LatticeGenerator(MethodGenerator):
             raise ValueError(f"--lattice-length-delta {length_delta}: must be >= 0")
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"--lattice-normalize {normalization}: choose one of {', '.join(NORMALIZATIONS)}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"--lattice-scorer-precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        check_precision(precision, "--lattice-scorer-precision")
         if precision == "int8" and not hoist:
             raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist")
-        if encoder_precision not in PRECISIONS:
-            raise ValueError(f"--lattice-encoder-precision {encoder_precision}: choose one of {', '.join(PRECISIONS)}")
+        check_precision(encoder_precision, "--lattice-encoder-precision")
         self.model = models[0]
         # int8: a copy of the encoder with int8 matrices, made once here (the model's own stays float32)
         # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)

@@ -13,11 +13,11 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..candidates import PRECISIONS
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from ..common.warm_start import warm_start_unless_resuming
-from ..int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
+from ..kernels.int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
+from ..kernels.precision import PRECISIONS
 from .generator import NORMALIZATIONS, LatticeGenerator
 from .ibm2 import CandidateTable
 from .model import LatticeTransformerModel, scorer_int8_unsupported_reason
@@ -67,8 +67,9 @@ class LatticeTranslationConfig(TranslationConfig):
     lattice_encoder_precision: ChoiceEnum(list(PRECISIONS)) = field(
         default="fp32",
         metadata={"help": "precision of the encoder's matrices: fp32, or int8 (every layer's self-attention and "
-                          "feed-forward matrices with per-row activation scales, fairseq_plugins.int8's encoder, "
-                          "as the fast step's; CPU and float32 models only; about half the encoder's time here)"},
+                          "feed-forward matrices with per-row activation scales, fairseq_plugins.kernels.int8's "
+                          "encoder, as the fast step's; CPU and float32 models only; about half the encoder's time "
+                          "here)"},
     )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "

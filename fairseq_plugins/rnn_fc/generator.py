@@ -4,8 +4,8 @@ candidate lists, int8 matmuls and early stopping; for rnn_fc models also the exa
 
 from typing import Optional
 
-from ..candidates import Shortlist
 from ..common.beam_search import BeamSearchGenerator
+from ..kernels.shortlist import Shortlist
 from .model import RnnFcModel
 from .steppers import SPEEDUPS, FairseqStepper, RnnFcStepper
 

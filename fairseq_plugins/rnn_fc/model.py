@@ -43,7 +43,7 @@ from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqI
 from fairseq.models.transformer import TransformerEncoder, base_architecture as transformer_base_architecture
 from fairseq.modules import FairseqDropout
 
-from ..baseline.model import _default
+from ..common.presets import set_default
 from ..common.textio import InputError
 from ..common.warm_start import warm_start
 
@@ -450,7 +450,7 @@ class RnnFcModel(FairseqEncoderDecoderModel):
 # ---- presets ------------------------------------------------------------------------------------------
 def _set(args, **values):
     for name, value in values.items():
-        _default(args, name, value)
+        set_default(args, name, value)
 
 
 @register_model_architecture("rnn_fc", "rnn_fc")

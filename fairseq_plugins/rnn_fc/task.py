@@ -15,10 +15,11 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from ..common.warm_start import warm_start_unless_resuming
+from ..kernels.int8 import int8_model_unsupported_reason
+from ..kernels.precision import PRECISIONS
+from ..kernels.shortlist import TaskCandidateLists
 from .generator import RnnFcGenerator
 from .model import RnnFcModel
-from ..candidates import PRECISIONS, TaskCandidateLists
-from ..int8 import int8_model_unsupported_reason
 from .steppers import SPEEDUPS
 
 

@@ -301,7 +301,7 @@ def _saving_last_mid_epoch(original):
 
 
 def _save_last_updates() -> int:
-    from .textio import InputError
+    from .common.textio import InputError
 
     value = os.environ.get(SAVE_LAST_UPDATES_ENV, "").strip() or "0"
     if not value.isdigit():
