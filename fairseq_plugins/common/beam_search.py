@@ -192,12 +192,10 @@ class BeamSearchGenerator(MethodGenerator):
                              beam=beam)
         self.reset_generation_stats()
 
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "batches": 0, "steps": 0, "row_calls": 0, "candidates": 0,
-                       "stopped_early": 0}
+    stat_counters = {"sentences": 0, "batches": 0, "steps": 0, "row_calls": 0, "candidates": 0, "stopped_early": 0}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats, **self.settings)
+        stats = dict(super().generation_stats(), **self.settings)
         if stats["batches"]:
             stats["steps_per_batch"] = stats["steps"] / stats["batches"]
             stats["model_calls_per_step"] = stats["row_calls"] / max(stats["steps"], 1)

@@ -1,5 +1,6 @@
-"""What the methods' own generators share (registers nothing): the fairseq generation flags they refuse, and
-the start of every ``generate`` call (refused inputs, one summary line at exit)."""
+"""What the methods' own generators share (registers nothing): the fairseq generation flags they refuse, the
+statistics bench records (``GenerationStats``), and the start of every ``generate`` call (refused inputs, one
+summary line at exit)."""
 
 import atexit
 from typing import Dict, Optional, Sequence
@@ -27,7 +28,22 @@ def refuse_unsupported_generation_flags(args, context: str, extra: Optional[Dict
             raise ValueError(f"{flag}: not supported with {context}")
 
 
-class MethodGenerator:
+class GenerationStats:
+    """The statistics protocol of a generator: ``fairseq-plugins bench`` resets them after its warm-up and stores
+    ``generation_stats()`` (cumulative figures) under ``stats``; a generator without it records none. A subclass
+    names its counters with their starting values (``stat_counters``), counts into ``self._stats``, calls
+    ``reset_generation_stats()`` once built, and extends ``generation_stats`` with figures derived from them."""
+
+    stat_counters: Dict[str, float] = {}
+
+    def reset_generation_stats(self) -> None:
+        self._stats = dict(self.stat_counters)
+
+    def generation_stats(self) -> Dict:
+        return dict(self._stats)
+
+
+class MethodGenerator(GenerationStats):
     """Base of a method's own generator. Subclasses name the method (``method_name``, as in its error
     messages) and define ``_log_summary``, which fairseq-generate's process runs once at exit."""
 

@@ -151,11 +151,10 @@ class DoubleTokenGenerator(MethodGenerator):
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
 
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
+    stat_counters = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats)  # tokens: of the best hypotheses, EOS included
+        stats = super().generation_stats()  # tokens: of the best hypotheses, EOS included
         if self.fast_step_precision is not None:
             stats["fast_step_precision"] = self.fast_step_precision
         return stats

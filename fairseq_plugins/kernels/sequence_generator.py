@@ -16,6 +16,7 @@ from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
+from ..common.generation import GenerationStats
 from ..common.step_rules import nan_to_minus_inf_
 from .decoder_step import fast_step_parts
 
@@ -93,15 +94,17 @@ class FastStepEnsemble(EnsembleModel):
         return super().reorder_encoder_out(encoder_outs, new_order)
 
 
-class FastStepSequenceGenerator(SequenceGenerator):
+class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
     """``SequenceGenerator`` (same constructor) whose decoder steps run on ``FastDecoderStep``."""
+
+    stat_counters = {"sentences": 0, "steps": 0, "candidates": 0}
 
     def __init__(self, models, tgt_dict, precision: str = "fp32", shortlist=None, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
         self.model = FastStepEnsemble(models, precision, shortlist)
         self.model.eval()
         self.precision = precision
-        self._stats = {"sentences": 0, "steps": 0, "candidates": 0}
+        self.reset_generation_stats()
 
     @torch.no_grad()
     def _generate(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor] = None,
@@ -198,6 +201,3 @@ class FastStepSequenceGenerator(SequenceGenerator):
         if self.model.shortlist is not None and self._stats["sentences"]:
             stats["candidates_per_sentence"] = self._stats["candidates"] / self._stats["sentences"]
         return stats
-
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "steps": 0, "candidates": 0}

@@ -90,13 +90,12 @@ class LatticeGenerator(MethodGenerator):
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
-    def reset_generation_stats(self) -> None:
-        self._stats = {f"{phase}_seconds": 0.0 for phase in PHASES}
-        self._stats.update(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
-                           lattice_positions=0, lattice_candidates=0, scored_rows=0)
+    stat_counters = {**{f"{phase}_seconds": 0.0 for phase in PHASES},
+                     **dict(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
+                            lattice_positions=0, lattice_candidates=0, scored_rows=0)}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats)
+        stats = super().generation_stats()
         if stats["reference_tokens"]:
             stats["lattice_recall"] = stats["reference_tokens_in_lattice"] / stats["reference_tokens"]
         if stats["sentences"]:
