@@ -1,4 +1,4 @@
-"""common/attention.py: the short-row softmax and attention as two matmuls, against torch's own kernels."""
+"""kernels/attention.py: the short-row softmax and attention as two matmuls, against torch's own kernels."""
 
 import pytest
 import torch

@@ -132,7 +132,7 @@ def test_a_decode_after_a_change_of_precision_reads_the_converted_parameters():
 
 @pytest.mark.parametrize("preset", ["bytenet_multi30k_char", "bytenet_tiny"])
 def test_the_native_step_of_relu_blocks_equals_the_torch_frame_steps(preset):
-    """A stack of ReLU blocks in float32 on the CPU steps one frame in one native call (kernel.c): the same
+    """A stack of ReLU blocks in float32 on the CPU steps one frame in one native call (bytenet_step.c): the same
     outputs as the torch frame steps to float32 rounding, and the same kept frames, after a forced prefix (whose
     kept frames are views) and a beam reordering; above NATIVE_MAX_ROWS rows the torch steps run."""
     from fairseq_plugins.kernels import native

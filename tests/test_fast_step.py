@@ -1,6 +1,6 @@
-"""The fast decoder step (fairseq_plugins/fast_step): fairseq's logits for every decoder layout it accepts,
-fairseq's hypotheses through the stock beam search and the greedy loop, a clear refusal of every layout it
-does not implement, and the task flags through fairseq-generate."""
+"""The fast decoder step (kernels/decoder_step.py, task fast_step_translation): fairseq's logits for every
+decoder layout it accepts, fairseq's hypotheses through the stock beam search and the greedy loop, a clear
+refusal of every layout it does not implement, and the task flags through fairseq-generate."""
 
 import argparse
 import json
@@ -215,8 +215,8 @@ def test_reorder_keeps_the_named_rows_and_their_sources():
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_the_fused_int8_layer_is_the_int8_layer_of_torch_operations(layout):
-    """kernel.c's whole-layer step against the same int8 matrices between torch operations, through a reorder
-    that drops and permutes rows. Its float sums run in another order, so a product input within 1e-7 of a
+    """The native whole-layer step (layer_step.c) against the same int8 matrices between torch operations,
+    through a reorder that drops and permutes rows. Its float sums run in another order, so a product input within 1e-7 of a
     rounding boundary may round the other way: rarely, a row differs by about one int8 step (~1e-2 here; it
     happens as often with the torch path's own input perturbed by 1e-6). A wrong layer (a norm in the wrong
     place, a cache slot off by one, a mask ignored) differs in every row."""

@@ -1,4 +1,4 @@
-"""int8 matrices with per-row activation scales (fairseq_plugins/int8): accuracy bounded by int8 rounding,
+"""int8 matrices with per-row activation scales (fairseq_plugins/kernels/int8.py): accuracy bounded by int8 rounding,
 results independent of the other rows in a call, and the modules that use them."""
 
 import argparse

@@ -215,14 +215,14 @@ class ByteNetModel(FairseqEncoderDecoderModel):
         _check_args(args)
         keep_or_check_model_dictionaries(args, task, "ByteNet")
         if args.unfold_a <= 0:
-            raise ValueError(f"--unfold-a {args.unfold_a}: expected a positive number")
+            raise InputError(f"--unfold-a {args.unfold_a}: expected a positive number")
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         encoder_embed = nn.Embedding(len(src_dict), args.encoder_embed_dim, src_dict.pad())
         if args.share_all_embeddings:
             if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
+                raise InputError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
             if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+                raise InputError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
             decoder_embed = encoder_embed
         else:
             decoder_embed = nn.Embedding(len(tgt_dict), args.decoder_embed_dim, tgt_dict.pad())
@@ -304,20 +304,20 @@ def _check_training_blocks(args, decoder) -> None:
 def _check_args(args, sides=("encoder", "decoder")):
     """Clear errors for flag values a convolution would otherwise reject with a shape error."""
     if args.kernel_size < 1:
-        raise ValueError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
+        raise InputError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
     if args.output_hidden_dim < 1:
-        raise ValueError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
+        raise InputError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
     if not 0 <= args.dropout < 1:
-        raise ValueError(f"--dropout {args.dropout}: expected 0 <= P < 1")
+        raise InputError(f"--dropout {args.dropout}: expected 0 <= P < 1")
     if "encoder" in sides and args.kernel_size % 2 == 0:
-        raise ValueError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
+        raise InputError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
     for side in sides:
         for name in ("embed_dim", "hidden_dim", "blocks"):
             if getattr(args, f"{side}_{name}") < 1:
-                raise ValueError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
+                raise InputError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
         parse_dilations(getattr(args, f"{side}_dilations"), f"--{side}-dilations")
         if not 0 <= getattr(args, f"{side}_layerdrop") < 1:
-            raise ValueError(f"--{side}-layerdrop {getattr(args, f'{side}_layerdrop')}: expected 0 <= P < 1")
+            raise InputError(f"--{side}-layerdrop {getattr(args, f'{side}_layerdrop')}: expected 0 <= P < 1")
 
 
 def _warn_if_unfolding_changed(args):

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .generation import MethodGenerator
 from .step_rules import StepRules
+from .textio import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +52,14 @@ class StepModel(Protocol):
 
 class BeamSearch:
     def __init__(self, tgt_dict, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
-                 lenpen: float = 1.0, normalize_scores: bool = True, unk_penalty: float = 0.0, nbest: int = 1,
+                 len_penalty: float = 1.0, normalize_scores: bool = True, unk_penalty: float = 0.0, nbest: int = 1,
                  early_stop_delta: Optional[float] = None, max_len: int = 1024):
         if nbest > beam:
-            raise ValueError(f"--nbest {nbest} cannot exceed --beam {beam}")
+            raise InputError(f"--nbest {nbest} cannot exceed --beam {beam}")
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.beam, self.nbest = beam, nbest
         self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
-                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=lenpen)
+                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=len_penalty)
         self.max_len = max_len  # the model's positions
         self.early_stop_delta = early_stop_delta
         self.steps = 0  # decoder steps of the last search (for statistics)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..common.beam_search import BeamSearchGenerator, flat_rows
+from ..common.textio import InputError
 from ..kernels.decoder_step import fast_step_parts
 
 
@@ -48,6 +49,6 @@ class FastStepEarlyStoppingGenerator(BeamSearchGenerator):
     def __init__(self, models, tgt_dict, beam: int = 5, precision: str = "fp32", shortlist=None,
                  early_stop_delta: float = 3.0, **search_args):
         if len(models) != 1:
-            raise ValueError("--fast-step runs one model, not an ensemble")
+            raise InputError("--fast-step runs one model, not an ensemble")
         super().__init__(models[0], tgt_dict, FastStepStepper(models[0], precision), beam=beam, shortlist=shortlist,
                          early_stop_delta=early_stop_delta, settings={"precision": precision}, **search_args)

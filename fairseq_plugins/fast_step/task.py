@@ -14,7 +14,7 @@ from typing import Optional
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..common.generation import refuse_unsupported_generation_flags
+from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
 from ..kernels.sequence_generator import FastStepSequenceGenerator
@@ -69,19 +69,13 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
         device = next(models[0].parameters()).device
         shortlist = self.shortlist()
         if self.cfg.fast_step_early_stop:
-            try:
-                refuse_unsupported_generation_flags(args, "--fast-step-early-stop", extra={
-                    "--temperature": getattr(args, "temperature", 1.0) != 1.0,
-                    "--lm-path": bool(getattr(args, "lm_path", None))})
-            except ValueError as e:
-                raise InputError(str(e)) from None
+            refuse_unsupported_generation_flags(args, "--fast-step-early-stop", extra={
+                "--temperature": getattr(args, "temperature", 1.0) != 1.0,
+                "--lm-path": bool(getattr(args, "lm_path", None))})
             return FastStepEarlyStoppingGenerator(
-                models, self.target_dictionary, beam=getattr(args, "beam", 5), precision=precision,
+                models, self.target_dictionary, precision=precision,
                 shortlist=None if shortlist is None else shortlist.to(device),
-                early_stop_delta=self.cfg.fast_step_early_stop_delta, max_len_a=getattr(args, "max_len_a", 0),
-                max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
-                lenpen=getattr(args, "lenpen", 1.0), normalize_scores=not getattr(args, "unnormalized", False),
-                unk_penalty=getattr(args, "unkpen", 0.0), nbest=getattr(args, "nbest", 1))
+                early_stop_delta=self.cfg.fast_step_early_stop_delta, **generator_options(args, "beam", "nbest"))
         extra = {"precision": precision, "shortlist": None if shortlist is None else shortlist.to(device),
                  **(extra_gen_cls_kwargs or {})}
         return super().build_generator(models, args, seq_gen_cls=FastStepSequenceGenerator,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.textio import InputError
 from . import native
 
 
@@ -58,7 +59,7 @@ class Int8Matrix:
                  backend: Optional[str] = None):
         weight = weight.detach().float().contiguous()
         if weight.device.type != "cpu":
-            raise ValueError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
+            raise InputError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
         self.rows, self.dim = weight.shape
         self.scales = row_scales(weight) if scales is None else scales.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.textio import InputError
 from .int8 import Int8Matrix
 from .packed_linear import PackedLinear
 from .precision import check_precision
@@ -80,6 +81,6 @@ class OutputLayer:
 def output_layer_of(model, precision: str) -> OutputLayer:
     projection = getattr(model.decoder, "output_projection", None)
     if not isinstance(projection, nn.Linear):
-        raise ValueError(f"{type(model.decoder).__name__} has no output_projection Linear layer (e.g. an adaptive "
+        raise InputError(f"{type(model.decoder).__name__} has no output_projection Linear layer (e.g. an adaptive "
                          "softmax): candidate lists and int8 need one")
     return OutputLayer(projection.weight, projection.bias, precision)

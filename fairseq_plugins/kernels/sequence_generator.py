@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..common.generation import GenerationStats
 from ..common.step_rules import nan_to_minus_inf_
+from ..common.textio import InputError
 from .decoder_step import fast_step_parts
 
 
@@ -28,7 +29,7 @@ class FastStepEnsemble(EnsembleModel):
     def __init__(self, models, precision: str = "fp32", shortlist=None):
         super().__init__(models)
         if len(models) != 1:
-            raise ValueError("--fast-step runs one model, not an ensemble")
+            raise InputError("--fast-step runs one model, not an ensemble")
         self.engine, self.encoder = fast_step_parts(models[0], precision)
         self.shortlist = shortlist
         self.vocabulary = models[0].decoder.output_projection.out_features

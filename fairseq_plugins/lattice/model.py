@@ -135,12 +135,12 @@ class LatticeScorer(FairseqDecoder):
         super().__init__(dictionary)
         self.markov_order = int(args.lattice_markov_order)
         if self.markov_order not in MARKOV_ORDERS:
-            raise ValueError(f"--lattice-markov-order {self.markov_order}: choose one of {MARKOV_ORDERS}")
+            raise InputError(f"--lattice-markov-order {self.markov_order}: choose one of {MARKOV_ORDERS}")
         if args.lattice_scorer_layers < 1:
-            raise ValueError(f"--lattice-scorer-layers {args.lattice_scorer_layers}: needs at least 1 layer")
+            raise InputError(f"--lattice-scorer-layers {args.lattice_scorer_layers}: needs at least 1 layer")
         embed_dim = args.decoder_embed_dim
         if embed_tokens.embedding_dim != embed_dim:
-            raise ValueError(f"--decoder-embed-dim {embed_dim} differs from the target embeddings' "
+            raise InputError(f"--decoder-embed-dim {embed_dim} differs from the target embeddings' "
                              f"{embed_tokens.embedding_dim}")
         self.padding_idx = dictionary.pad()
         self.eos_idx = dictionary.eos()
@@ -217,7 +217,7 @@ class LatticeScorer(FairseqDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         if incremental_state is not None:
-            raise ValueError("lattice_transformer scores lattices in parallel and has no incremental decoding: "
+            raise InputError("lattice_transformer scores lattices in parallel and has no incremental decoding: "
                              "decode it with --task lattice_translation")
         features = self.extract_features(prev_output_tokens, encoder_out)
         return self.output_layer(features), {"attn": [None], "inner_states": None}
@@ -284,7 +284,7 @@ class HoistedLatticeScorer:
         if precision == "int8":
             reason = scorer_int8_unsupported_reason(scorer)
             if reason is not None:
-                raise ValueError(f"--lattice-scorer-precision int8: {reason}")
+                raise InputError(f"--lattice-scorer-precision int8: {reason}")
         self.scorer = scorer
         self.precision = precision
         # The same Parameter objects whatever happens to their data (in-place updates, .to(), .double()),
@@ -477,14 +477,13 @@ class LatticeTransformerModel(TransformerModel):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 
-    def load_base_checkpoint(self, path: str) -> None:
+    def load_base_checkpoint(self, path: str, flag: str) -> None:
         """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline): its
         encoder, target embeddings and output matrix; the scorer's layers and positions keep their init.
 
         The encoder may be deeper than the base's (depth moved from the scorer to the encoder, where a layer
         costs a thirtieth as much at decoding): the base's layers become the lowest ones and the layers above
         them keep their initialisation."""
-        flag = "--lattice-base-checkpoint"
         base = load_base_state(path, flag)
         base_layers, own_layers = layer_count(base, "encoder"), len(self.encoder.layers)
         if base_layers > own_layers:

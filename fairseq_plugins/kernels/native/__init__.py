@@ -26,6 +26,8 @@ from typing import Dict, NamedTuple, Optional, Set
 import torch
 from torch import Tensor
 
+from ...common.textio import InputError
+
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -146,7 +148,7 @@ def backend() -> str:
     $FAIRSEQ_PLUGINS_INT8 (default native) and whether the native one could be built."""
     wanted = os.environ.get(BACKEND_VARIABLE, "native")
     if wanted not in BACKENDS:
-        raise ValueError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
+        raise InputError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
     return "native" if wanted == "native" and available() else "fbgemm"
 
 
