@@ -22,7 +22,8 @@ setup(
     # scripts/check_platform.py before `make install` creates anything (tests/test_install.py keeps the two agreeing).
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
-    package_data={"fairseq_plugins.native": ["kernel.c"]},  # compiled at first use (native/__init__.py)
+    # compiled into one library at first use (kernels/native/__init__.py)
+    package_data={"fairseq_plugins.kernels.native": ["*.c", "*.h"]},
     # torch and fairseq are deliberately absent: pip would pull a CUDA torch and torchaudio for them.
     # The Makefile installs torch==2.13.0 (from TORCH_INDEX when set: PyPI's Linux build is the CUDA one) and
     # ve-fairseq==0.12.3 --no-deps, then these.

@@ -1,7 +1,7 @@
 """fairseq-plugins: fast-translation methods for fairseq, loaded with ``--user-dir fairseq_plugins``.
 
 Importing the package registers every method subpackage with fairseq's registries (once: Python caches
-the import) and installs six fixes (common/fairseq_fixes.py): checkpoints load under torch >= 2.6,
+the import) and installs six fixes (fairseq_fixes.py): checkpoints load under torch >= 2.6,
 fairseq-generate decodes every sentence, fairseq's hub interface (``from_pretrained(..., task=NAME)``)
 decodes with the task it names, fairseq-train's --patience survives a resume, its wall clock survives a
 mid-epoch resume, and (opt-in, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) it saves checkpoint_last.pt mid-epoch
@@ -27,7 +27,7 @@ except ModuleNotFoundError as error:
     raise ImportError("fairseq-plugins needs fairseq, which is not installed: pip install --no-deps "
                       "ve-fairseq==0.12.3 (or `make install` in a clone, which installs everything)") from None
 
-from .common import fairseq_fixes  # noqa: E402
+from . import fairseq_fixes  # noqa: E402
 
 
 def user_dir() -> str:

@@ -15,13 +15,13 @@ from typing import Dict
 from . import __version__, user_dir
 from .bench.harness import add_bench_parser
 from .bytenet.saliency import add_saliency_parser
-from .common.align import add_align_parser
-from .common.average import add_average_parser
-from .common.prepared import add_detok_parser, add_prepare_lm_parser, add_prepare_parser
 from .common.textio import InputError
 from .double_token.ngram import add_ngram_precision_parser
 from .lattice.commands import add_lattice_recall_parser, add_lattice_table_parser
 from .rnn_fc.commands import add_shortlist_parser
+from .tools.align import add_align_parser
+from .tools.average import add_average_parser
+from .tools.prepared import add_detok_parser, add_prepare_lm_parser, add_prepare_parser
 
 logger = logging.getLogger("fairseq_plugins.cli")
 

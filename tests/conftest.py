@@ -172,7 +172,7 @@ def once_per_session(tmp_path_factory, name, build):
 
 @pytest.fixture(scope="session")
 def synthetic_raw(tmp_path_factory):
-    from fairseq_plugins.common.synthetic import write_corpus
+    from fairseq_plugins.tools.synthetic import write_corpus
 
     return once_per_session(tmp_path_factory, "raw", lambda directory: write_corpus(str(directory), sizes=SIZES))
 

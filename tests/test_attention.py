@@ -1,10 +1,10 @@
-"""common/attention.py: the short-row softmax and attention as two matmuls, against torch's own kernels."""
+"""kernels/attention.py: the short-row softmax and attention as two matmuls, against torch's own kernels."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_plugins.common.attention import attention, softmax_last_dim
+from fairseq_plugins.kernels.attention import attention, softmax_last_dim
 
 NEG = float("-inf")
 

@@ -250,7 +250,7 @@ def test_int8_blockwise_on_the_fast_step_is_the_fast_steps_int8_greedy():
     """With exact acceptance, int8 blockwise decoding gives what int8 greedy decoding on the same fast step
     gives: a block's positions are rows of the same int8 products, each with its own activation scale."""
     from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
-    from fairseq_plugins.fast_step.generator import FastStepSequenceGenerator
+    from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
 
     model, dictionary = random_model(layout="separate")
     copying_heads(model)

@@ -132,10 +132,10 @@ def test_a_decode_after_a_change_of_precision_reads_the_converted_parameters():
 
 @pytest.mark.parametrize("preset", ["bytenet_multi30k_char", "bytenet_tiny"])
 def test_the_native_step_of_relu_blocks_equals_the_torch_frame_steps(preset):
-    """A stack of ReLU blocks in float32 on the CPU steps one frame in one native call (kernel.c): the same
+    """A stack of ReLU blocks in float32 on the CPU steps one frame in one native call (bytenet_step.c): the same
     outputs as the torch frame steps to float32 rounding, and the same kept frames, after a forced prefix (whose
     kept frames are views) and a beam reordering; above NATIVE_MAX_ROWS rows the torch steps run."""
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     if not native.available():
         pytest.skip("the native kernels could not be built here")
@@ -165,7 +165,7 @@ def test_the_native_step_of_relu_blocks_equals_the_torch_frame_steps(preset):
 
 
 def test_the_native_step_refuses_tensors_it_would_misread():
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     if not native.available():
         pytest.skip("the native kernels could not be built here")
@@ -442,7 +442,7 @@ def test_recomputed_decoding_gives_the_cached_hypotheses(copy_model):
 def test_empty_and_overlong_sources_and_another_unfolding_decode(copy_model):
     # fairseq-interactive: an empty line (EOS only) and a source three times longer than any in training.
     long_line = ("abc def ghij kl " * 5).strip()
-    from fairseq_plugins.common.tokenization import CharTokenizer
+    from fairseq_plugins.tools.tokenization import CharTokenizer
 
     char = CharTokenizer()
     stdin = "\n".join(char.encode(line) for line in ["", "abc", long_line]) + "\n"
@@ -838,7 +838,7 @@ def test_the_step_timing_script_times_both_steps_and_writes_its_figures(copy_mod
     same characters chosen, the command and device kept."""
     import json
 
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     if not native.available():
         pytest.skip("the native kernels could not be built here")
@@ -956,7 +956,7 @@ def test_the_recipe_summary_counts_training_time_across_a_resume(tmp_path):
         (1, 2.7, 600), (2, 2.4, 1300), (3, 2.2, 1900)]
     # FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES: a process killed after a mid-epoch save of checkpoint_last.pt (logged
     # with its wall) resumes from it; what it trained after that save is trained again, not counted.
-    mid_epoch = "| INFO | fairseq_plugins.common.fairseq_fixes | saved checkpoint_last mid-epoch: epoch 2 @ 15 updates | wall 900\n"
+    mid_epoch = "| INFO | fairseq_plugins.fairseq_fixes | saved checkpoint_last mid-epoch: epoch 2 @ 15 updates | wall 900\n"
     log.write_text(scratch + epoch(1, 2.7, 600) + mid_epoch + "| INFO | train_inner | epoch 002:     18 / 20 wall=1000\n"
                    + resumed(2).replace(" @ 10 ", " @ 15 ") + epoch(2, 2.4, 400) + epoch(3, 2.2, 1000))
     figures = summarize.training(str(log))

@@ -10,10 +10,10 @@ import warnings
 import pytest
 
 from conftest import plugins_cli, word_dictionary
-from fairseq_plugins.candidates import read_lexical_table
+from fairseq_plugins.kernels.shortlist import read_lexical_table
 from fairseq_plugins.cli import build_parser, configure_logging, log_level, main, subcommand_parsers
-from fairseq_plugins.common.prepared import binarized_dir
-from fairseq_plugins.common.synthetic import write_corpus
+from fairseq_plugins.tools.prepared import binarized_dir
+from fairseq_plugins.tools.synthetic import write_corpus
 
 
 @pytest.fixture

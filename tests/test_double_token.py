@@ -134,8 +134,8 @@ def test_the_fast_steps_pairs_give_the_full_forward_passs_logits(order, fused):
     """--fast-step: a step's pairs through FastDecoderStep.group_step(causal=False) (both slots of a hypothesis
     see each other, as the step mask lets them) give the logits of the model's full forward pass, also after
     beam search reorders the rows (two sentences with two beams each)."""
-    from fairseq_plugins import native
-    from fairseq_plugins.fast_step import FastDecoderStep
+    from fairseq_plugins.kernels import native
+    from fairseq_plugins.kernels.decoder_step import FastDecoderStep
 
     if fused and not native.available():
         pytest.skip("the native kernels could not be built here")
@@ -521,7 +521,7 @@ def test_fast_step_gives_the_stock_hypotheses_of_every_system(double_token_train
 def test_int8_pairs_of_a_row_do_not_depend_on_the_other_rows():
     """--fast-step-precision int8 quantizes each slot's activations with its own scale: a hypothesis' pair
     logits are the same decoded among other rows or alone (given the same encoder output)."""
-    from fairseq_plugins.fast_step import FastDecoderStep
+    from fairseq_plugins.kernels.decoder_step import FastDecoderStep
 
     model, dictionary, _ = random_model("bidir", 2)
     batch = random_batch(dictionary, bsz=3)

@@ -1,4 +1,4 @@
-"""The fixes the package installs on import (fairseq_plugins/common/fairseq_fixes.py)."""
+"""The fixes the package installs on import (fairseq_plugins/fairseq_fixes.py)."""
 
 import os
 import re
@@ -50,7 +50,7 @@ def test_batch_by_size_keeps_every_sentence_in_order():
                                            required_batch_size_multiple=multiple)
         assert np.array_equal(np.concatenate(batches), indices), (max_sentences, multiple)
         assert all(len(batch) <= max_sentences for batch in batches)
-    fairseq_plugins.common.fairseq_fixes.keep_last_partial_batch()  # idempotent: wraps once
+    fairseq_plugins.fairseq_fixes.keep_last_partial_batch()  # idempotent: wraps once
     assert not hasattr(data_utils.batch_by_size.__wrapped__, "__wrapped__")
 
 

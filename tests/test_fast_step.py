@@ -1,6 +1,6 @@
-"""The fast decoder step (fairseq_plugins/fast_step): fairseq's logits for every decoder layout it accepts,
-fairseq's hypotheses through the stock beam search and the greedy loop, a clear refusal of every layout it
-does not implement, and the task flags through fairseq-generate."""
+"""The fast decoder step (kernels/decoder_step.py, task fast_step_translation): fairseq's logits for every
+decoder layout it accepts, fairseq's hypotheses through the stock beam search and the greedy loop, a clear
+refusal of every layout it does not implement, and the task flags through fairseq-generate."""
 
 import argparse
 import json
@@ -14,9 +14,10 @@ from conftest import USER_DIR, DictionaryTask, plugins_cli, random_batch, run, w
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.candidates import Shortlist
-from fairseq_plugins.fast_step import (FastDecoderStep, FastStepEarlyStoppingGenerator, FastStepSequenceGenerator,
-                                      unsupported_reason)
+from fairseq_plugins.fast_step.generator import FastStepEarlyStoppingGenerator
+from fairseq_plugins.kernels.decoder_step import FastDecoderStep, unsupported_reason
+from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
+from fairseq_plugins.kernels.shortlist import Shortlist
 
 
 def random_transformer(dictionary, seed=0, input_dim=None, **overrides):
@@ -55,7 +56,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("fused", [True, False], ids=["native layer", "torch operations"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_engine_logits_are_fairseqs_for_every_supported_layout(layout, fused):
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     dictionary = word_dictionary()
     model = random_transformer(dictionary, **LAYOUTS[layout])
@@ -84,7 +85,7 @@ def test_blocks_of_positions_and_rollback_give_fairseqs_logits(layout, fused):
     """block_step (blockwise decoding's verification: several positions of one sentence in one pass) gives at
     every position the logits of fairseq's full forward, also after a rejected tail is taken back; the
     capacity grows inside a block."""
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     if fused and not native.available():
         pytest.skip("the native kernels could not be built here")
@@ -133,7 +134,7 @@ def test_rows_that_keep_different_parts_of_their_blocks_get_fairseqs_logits(fuse
     engine = FastDecoderStep(model.decoder, fused=fused)
     masked_native_calls = []
     if fused:
-        from fairseq_plugins import native
+        from fairseq_plugins.kernels import native
 
         if not native.available():
             pytest.skip("the native kernels could not be built here")
@@ -214,12 +215,12 @@ def test_reorder_keeps_the_named_rows_and_their_sources():
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_the_fused_int8_layer_is_the_int8_layer_of_torch_operations(layout):
-    """kernel.c's whole-layer step against the same int8 matrices between torch operations, through a reorder
-    that drops and permutes rows. Its float sums run in another order, so a product input within 1e-7 of a
+    """The native whole-layer step (layer_step.c) against the same int8 matrices between torch operations,
+    through a reorder that drops and permutes rows. Its float sums run in another order, so a product input within 1e-7 of a
     rounding boundary may round the other way: rarely, a row differs by about one int8 step (~1e-2 here; it
     happens as often with the torch path's own input perturbed by 1e-6). A wrong layer (a norm in the wrong
     place, a cache slot off by one, a mask ignored) differs in every row."""
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
 
     if native.backend() != "native":
         pytest.skip("the native int8 kernel is not available")
@@ -276,7 +277,7 @@ def test_a_decoder_that_is_not_a_transformer_is_refused():
 def test_the_int8_encoder_names_what_it_cannot_convert():
     from fairseq.models.lstm import LSTMEncoder
 
-    from fairseq_plugins.int8 import int8_encoder, int8_encoder_unsupported_reason
+    from fairseq_plugins.kernels.int8 import int8_encoder, int8_encoder_unsupported_reason
 
     model = random_transformer(word_dictionary())
     assert int8_encoder_unsupported_reason(model.encoder) is None
@@ -518,9 +519,9 @@ def test_packed_linear_runs_few_rows_on_the_native_kernel_and_equals_f_linear(wi
     """Up to NATIVE_MAX_ROWS rows go through the native float kernel (faster there than oneDNN or MKL between a
     step's other products), more through oneDNN's packed weight; every row count, also as (1, m, d) blocks,
     gives F.linear's values up to summation order."""
-    from fairseq_plugins import native
-    from fairseq_plugins.common import packed_linear
-    from fairseq_plugins.common.packed_linear import NATIVE_MAX_ROWS, PackedLinear
+    from fairseq_plugins.kernels import native
+    from fairseq_plugins.kernels import packed_linear
+    from fairseq_plugins.kernels.packed_linear import NATIVE_MAX_ROWS, PackedLinear
 
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(37, 20, generator=generator), torch.randn(37, generator=generator)

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from fairseq_plugins.fast_step import engine as engine_module
-from fairseq_plugins.int8 import linear as int8_linear
+from fairseq_plugins.kernels import decoder_step as engine_module
+from fairseq_plugins.kernels import int8 as int8_linear
 
 
 def load_hub(trained, precision):

@@ -3,8 +3,8 @@ Python snippet (fairseq's hub interface, ``from_pretrained(...).translate``) on 
 the fixtures' paths in place of the document's. Both must give, string for string, what fairseq-generate
 gives for the same sentences of the binarised test split with the same checkpoint and flags.
 
-Also the two fixes the hub interface needs (``task=`` switching the task, common/fairseq_fixes.py; ``--bpe
-char``, common/char_bpe.py) and the document's claims about which SentencePiece model to pass.
+Also the two fixes the hub interface needs (``task=`` switching the task, fairseq_fixes.py; ``--bpe
+char``, bytenet/char_bpe.py) and the document's claims about which SentencePiece model to pass.
 """
 
 import os
@@ -97,7 +97,7 @@ def three_ways(section, paths, data, sentences_from=None):
     """The document's section run three ways on the first SENTENCES raw test sources of prepared ``data``:
     fairseq-interactive, the Python snippet, and fairseq-generate (with the interactive command's flags) on the
     binarised test split. Checks that they agree; returns (the translations, the hub interface)."""
-    from fairseq_plugins.common.prepared import PreparedData
+    from fairseq_plugins.tools.prepared import PreparedData
 
     prepared = PreparedData(data)
     with open(prepared.raw_path("test", "src"), encoding="utf-8") as f:
@@ -229,7 +229,7 @@ def test_rnn_fc(prepared, rnn_fc_system):
 
 @pytest.mark.slow
 def test_fast_step(trained):
-    from fairseq_plugins.fast_step.generator import FastStepSequenceGenerator
+    from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
     from fairseq_plugins.fast_step.task import FastStepTranslationTask
 
     paths = {DOC_DATA: trained["data"], DOC_PATHS["fast_step"]: trained["save_dir"]}
@@ -245,7 +245,7 @@ def test_bytenet(bytenet_trained):
     data = bytenet_trained["data"]
     paths = {DOC_CHAR_DATA: data, DOC_PATHS["bytenet"]: bytenet_trained["checkpoints"]}
     translations, hub = three_ways("bytenet", paths, data)
-    from fairseq_plugins.common.prepared import PreparedData
+    from fairseq_plugins.tools.prepared import PreparedData
 
     sources = prepared_lines(PreparedData(data))[:SENTENCES]
     assert sum(t == s for t, s in zip(translations, sources)) >= SENTENCES - 1, (translations, sources)  # copies
@@ -276,13 +276,13 @@ def test_task_override_switches_the_task_and_reaches_its_flags(trained):
     with pytest.raises(ValueError, match="task='no_such_task': no such fairseq task"):
         TransformerModel.from_pretrained(trained["save_dir"], task="no_such_task", **common)
     wrapper = checkpoint_utils.overwrite_args_by_name
-    fairseq_plugins.common.fairseq_fixes.switch_task_in_overrides()  # idempotent: wraps once
+    fairseq_plugins.fairseq_fixes.switch_task_in_overrides()  # idempotent: wraps once
     assert checkpoint_utils.overwrite_args_by_name is wrapper and wrapper.switches_task
 
 
 def test_char_bpe_is_prepare_chars_tokenizer():
     from fairseq.data import encoders
-    from fairseq_plugins.common.tokenization import CharTokenizer
+    from fairseq_plugins.tools.tokenization import CharTokenizer
 
     bpe = encoders.build_bpe("char")
     for text in ["a little girl .", "tab\there", "no\u00a0break", "", "  two  spaces "]:

@@ -9,10 +9,10 @@ import pytest
 
 from conftest import plugins_cli
 from fairseq_plugins.cli import main
-from fairseq_plugins.common.prepared import _build_aside, _check_output_dir, prepare_lm
-from fairseq_plugins.common.synthetic import write_corpus
+from fairseq_plugins.tools.prepared import _build_aside, _check_output_dir, prepare_lm
+from fairseq_plugins.tools.synthetic import write_corpus
 from fairseq_plugins.common.textio import InputError, read_lines
-from fairseq_plugins.common.tokenization import VISIBLE_SPACE, SentencePieceTokenizer, train_sentencepiece
+from fairseq_plugins.tools.tokenization import VISIBLE_SPACE, SentencePieceTokenizer, train_sentencepiece
 
 BAD_LINE = b"caf\xe9 au lait\n"  # Latin-1, not UTF-8: the byte 0xe9 is at offset 3 of the line
 
@@ -237,7 +237,7 @@ def test_a_failed_rebuild_leaves_the_old_directory_whole(tmp_path, monkeypatch):
 
 
 def test_a_prepare_that_fails_midway_leaves_the_old_directory_whole(tmp_path, monkeypatch):
-    from fairseq_plugins.common import prepared
+    from fairseq_plugins.tools import prepared
 
     raw = write_corpus(str(tmp_path / "raw"), sizes={"train": 30, "val": 5, "test_2016_flickr": 5})
     out = tmp_path / "data"

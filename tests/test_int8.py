@@ -1,4 +1,4 @@
-"""int8 matrices with per-row activation scales (fairseq_plugins/int8): accuracy bounded by int8 rounding,
+"""int8 matrices with per-row activation scales (fairseq_plugins/kernels/int8.py): accuracy bounded by int8 rounding,
 results independent of the other rows in a call, and the modules that use them."""
 
 import argparse
@@ -11,10 +11,10 @@ from torch import nn
 
 from conftest import DictionaryTask, word_dictionary
 
-from fairseq_plugins import native
-from fairseq_plugins.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
+from fairseq_plugins.kernels import native
+from fairseq_plugins.kernels.int8 import Int8GRU, Int8Linear, Int8Matrix, int8_copy, int8_module_names
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
-from fairseq_plugins.candidates import OutputLayer
+from fairseq_plugins.kernels.output_layer import OutputLayer
 
 # The activation steps of a row, as a fraction of its largest magnitude. Native kernel: symmetric int8,
 # max|x_i| / 127. fbgemm's dynamic kernel quantizes to 128 levels (reduce_range) over the call's range,
@@ -221,8 +221,8 @@ def test_an_int8_transformer_encoder_follows_the_float32_one_and_does_not_depend
     layers' products, attention and norms in C, so the same outputs to float rounding."""
     from fairseq.models.transformer import TransformerModel, base_architecture
 
-    from fairseq_plugins.int8 import Int8EncoderSelfAttention, int8_encoder
-    from fairseq_plugins.int8.linear import NativeInt8Encoder
+    from fairseq_plugins.kernels.int8 import Int8EncoderSelfAttention, int8_encoder
+    from fairseq_plugins.kernels.int8 import NativeInt8Encoder
 
     torch.manual_seed(0)
     dictionary = word_dictionary()

@@ -17,8 +17,8 @@ from fairseq.modules import FairseqDropout
 
 from conftest import TRAIN_FLAGS, TRAIN_THREADS, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
 
-from fairseq_plugins.common.align import align_corpus, find_binary, read_pharaoh
-from fairseq_plugins import native
+from fairseq_plugins.tools.align import align_corpus, find_binary, read_pharaoh
+from fairseq_plugins.kernels import native
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.lattice.ibm2 import CandidateTable, lattice_recall
@@ -441,7 +441,7 @@ def test_lattice_recall_counts_reference_tokens_in_the_top_k():
 
 @pytest.fixture(scope="module")
 def small_parallel(tmp_path_factory):
-    from fairseq_plugins.common.synthetic import write_corpus
+    from fairseq_plugins.tools.synthetic import write_corpus
 
     out = write_corpus(str(tmp_path_factory.mktemp("aligned")), sizes={"train": 400})
     return os.path.join(out, "train.src"), os.path.join(out, "train.tgt")
@@ -933,7 +933,7 @@ def test_skipping_the_rows_of_impossible_states_changes_no_output(order, hoist, 
 
 # --- int8 feed-forward matrices (--lattice-scorer-precision int8) ------------------------------------------------
 
-# fbgemm's activation step (fairseq_plugins.int8, INT8_BACKEND): each row is divided by its largest magnitude and
+# fbgemm's activation step (fairseq_plugins.kernels.int8, INT8_BACKEND): each row is divided by its largest magnitude and
 # quantized to 128 levels over [-1, 1] (a guard row fixes the range): 2 max|x_i| / 127 (tests/test_int8.py).
 FBGEMM_ACTIVATION_STEP = 2 / 127
 
@@ -1052,7 +1052,7 @@ def test_int8_encoder_decodes_from_an_int8_copy_of_the_encoder(tmp_path):
     not float32 is refused by the flag's name."""
     import argparse
 
-    from fairseq_plugins.int8 import Int8EncoderSelfAttention
+    from fairseq_plugins.kernels.int8 import Int8EncoderSelfAttention
     from fairseq_plugins.lattice.task import LatticeTranslationConfig, LatticeTranslationTask
 
     model, d = tiny_model(1, layers=1, seed=21)

@@ -18,7 +18,8 @@ from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
 from fairseq_plugins.blockwise.generator import BlockwiseGenerator
 from fairseq_plugins.double_token.folding import fold
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
-from fairseq_plugins.fast_step import FastStepEarlyStoppingGenerator, FastStepSequenceGenerator
+from fairseq_plugins.fast_step.generator import FastStepEarlyStoppingGenerator
+from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.steppers import SPEEDUPS

@@ -6,8 +6,8 @@ fairseq's order, with scores equal to float rounding; in float32 and in int8; an
 import pytest
 import torch
 
-from fairseq_plugins import native
-from fairseq_plugins.fast_step.generator import FastStepSequenceGenerator
+from fairseq_plugins.kernels import native
+from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
 from test_fast_step import load
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")

@@ -72,7 +72,7 @@ def test_generate_learns_the_task_and_bench_reproduces_its_outputs(trained, tmp_
 
 
 def test_interactive_translates_raw_input_with_the_plugin_checkpoint(trained):
-    from fairseq_plugins.common.prepared import PreparedData
+    from fairseq_plugins.tools.prepared import PreparedData
 
     data = PreparedData(trained["data"])
     refs = open(data.raw_path("test", "tgt")).read().splitlines()

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import plugins_cli
-from fairseq_plugins.common.prepared import PreparedData, parse_generate_output, prepare
-from fairseq_plugins.common.synthetic import write_corpus
+from fairseq_plugins.tools.prepared import PreparedData, parse_generate_output, prepare
+from fairseq_plugins.tools.synthetic import write_corpus
 from fairseq_plugins.common.textio import InputError
-from fairseq_plugins.common.tokenization import VISIBLE_SPACE, CharTokenizer
+from fairseq_plugins.tools.tokenization import VISIBLE_SPACE, CharTokenizer
 
 TINY = {"train": 300, "val": 20, "test_2016_flickr": 20}
 
@@ -145,7 +145,7 @@ def test_detok_keep_pieces_writes_generate_hypotheses_in_corpus_order(tiny_raw, 
 
 
 def test_prepare_lm_keeps_blank_lines_and_escapes_other_whitespace(tmp_path):
-    from fairseq_plugins.common.prepared import prepare_lm
+    from fairseq_plugins.tools.prepared import prepare_lm
 
     (tmp_path / "train.txt").write_text("First Citizen:\n\nBefore we\u00a0proceed\n")
     (tmp_path / "valid.txt").write_text("All:\nSpeak.\n")

@@ -37,7 +37,7 @@ def read_lines(path):
 
 @pytest.mark.slow
 def test_quickstart_runs_one_method_of_each_family_on_a_users_language_pair(tmp_path):
-    from fairseq_plugins.common.synthetic import write_corpus
+    from fairseq_plugins.tools.synthetic import write_corpus
 
     raw = write_corpus(str(tmp_path / "raw"), "xx", "yy", sizes=SIZES)
     work = tmp_path / "work"

@@ -10,13 +10,13 @@ import torch
 
 from conftest import DictionaryTask, plugins_cli, random_batch, run, train_flags, train_tiny, word_dictionary
 
-from fairseq_plugins.common.align import align_corpus, read_systran_probabilities
+from fairseq_plugins.tools.align import align_corpus, read_systran_probabilities
 from fairseq_plugins.common.textio import InputError
-from fairseq_plugins import native
-from fairseq_plugins.int8 import Int8Linear
+from fairseq_plugins.kernels import native
+from fairseq_plugins.kernels.int8 import Int8Linear
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.model import RnnFcModel, rnn_fc_tiny
-from fairseq_plugins.candidates import Shortlist, read_lexical_table
+from fairseq_plugins.kernels.shortlist import Shortlist, read_lexical_table
 from fairseq_plugins.common.beam_search import BeamSearch
 from fairseq_plugins.rnn_fc.steppers import SPEEDUPS
 
@@ -439,7 +439,7 @@ def test_bad_lexical_tables_are_clear_errors(tmp_path, line, message):
 
 
 def test_systran_lexical_table_is_fast_aligns_probability_table(tmp_path):
-    from fairseq_plugins.common.synthetic import write_corpus
+    from fairseq_plugins.tools.synthetic import write_corpus
 
     out = write_corpus(str(tmp_path / "corpus"), sizes={"train": 300})
     source, target = os.path.join(out, "train.src"), os.path.join(out, "train.tgt")

@@ -2,7 +2,7 @@
 
 import random
 
-from fairseq_plugins.common import synthetic
+from fairseq_plugins.tools import synthetic
 
 
 def test_same_seed_same_corpus_and_layout(tmp_path):

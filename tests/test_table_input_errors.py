@@ -11,7 +11,7 @@ from conftest import word_dictionary
 
 from fairseq_plugins.common.textio import InputError
 from fairseq_plugins.lattice.ibm2 import TABLE_FORMAT, CandidateTable, read_binarized_pairs
-from fairseq_plugins.candidates import Shortlist, read_lexical_table
+from fairseq_plugins.kernels.shortlist import Shortlist, read_lexical_table
 
 
 def build(sources, targets, alignments, **kwargs):

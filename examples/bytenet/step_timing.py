@@ -1,4 +1,4 @@
-"""Time a ByteNet translation model's decoder step, native (one kernel.c call for the stack) against the torch
+"""Time a ByteNet translation model's decoder step, native (one bytenet_step.c call for the stack) against the torch
 frame steps, at several numbers of rows (batch x beam): what ``DilatedStack.NATIVE_MAX_ROWS`` is set from.
 
 Usage: python examples/bytenet/step_timing.py CHECKPOINT DATA_BIN [--rows 1 4 8 12 16 24 48] [--steps 200] [--runs 3]
@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from fairseq import checkpoint_utils
 
-    from fairseq_plugins import native
+    from fairseq_plugins.kernels import native
     from fairseq_plugins.bytenet.model import ByteNetModel
 
     torch.set_num_threads(1)

@@ -22,7 +22,7 @@ import torch
 from fairseq_plugins.bench import report
 from fairseq_plugins.bench.harness import bleu_figures
 from fairseq_plugins.common.plots import pyplot, save_png
-from fairseq_plugins.common.prepared import MANIFEST, find_split_prefixes
+from fairseq_plugins.tools.prepared import MANIFEST, find_split_prefixes
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "results"))

@@ -68,7 +68,7 @@ else
   if (( SYNTHETIC )); then
     rm -rf "$RAW"
     RAW=$WORK/synthetic
-    python -c 'import sys; from fairseq_plugins.common.synthetic import write_corpus; write_corpus(*sys.argv[1:])' \
+    python -c 'import sys; from fairseq_plugins.tools.synthetic import write_corpus; write_corpus(*sys.argv[1:])' \
       "$RAW" "$SRC" "$TGT"
     synthetic_banner
     SOURCE="synthetic=$RAW"

@@ -40,7 +40,7 @@ def main():
     from fairseq_plugins.bench import report
     from fairseq_plugins.bench.measure import speed_ratio_figures
     from fairseq_plugins.bench.provenance import file_sha256
-    from fairseq_plugins.common.prepared import PreparedData
+    from fairseq_plugins.tools.prepared import PreparedData
 
     data = PreparedData(args.data)
     hub = TransformerModel.from_pretrained(

@@ -71,7 +71,7 @@ def load(args):
     from fairseq import checkpoint_utils, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_plugins.common.prepared import PreparedData
+    from fairseq_plugins.tools.prepared import PreparedData
 
     data = PreparedData(args.data)
     parser = options.get_generation_parser(default_task="fast_step_translation")

@@ -21,7 +21,7 @@ export BENCH_METHODS="baseline fast_step double_token rnn_fc"
 export BENCH_FLAGS="--max-len-a 1.2 --max-len-b 10"
 rm -rf "$WORK"
 mkdir -p "$WORK/raw"
-python -c "import sys; from fairseq_plugins.common.synthetic import write_corpus
+python -c "import sys; from fairseq_plugins.tools.synthetic import write_corpus
 write_corpus(sys.argv[1], sys.argv[2], sys.argv[3], sizes={'train': 1000, 'val': 40, 'test_2016_flickr': 16})" \
   "$WORK/raw" "$SRC" "$TGT"
 fairseq-plugins prepare "$WORK/raw" "$WORK/baseline/data" -s "$SRC" -t "$TGT" --vocab-size 100 2> "$WORK/prepare.log"

@@ -26,7 +26,7 @@ BF16 = re.compile(r"'bf16': (True|False)")
 # ... @ 0 updates", its optimiser left behind) is a start from scratch; a resume loads a checkpoint of >= 1 update.
 PROCESS_START = re.compile(r"Loaded checkpoint .*\(epoch (\d+) @ [1-9]\d* updates\)|No existing checkpoint found"
                            r"|loading pretrained model from")
-# A mid-epoch save of checkpoint_last.pt (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES, fairseq_plugins/common/fairseq_fixes.py):
+# A mid-epoch save of checkpoint_last.pt (FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES, fairseq_plugins/fairseq_fixes.py):
 # how far into its process's clock the epoch had come when a resumed run can go on from it.
 MID_EPOCH_SAVE = re.compile(r"saved checkpoint_last mid-epoch: epoch (\d+) @ \d+ updates \| wall (\d+)")
 

@@ -17,7 +17,7 @@ import torch
 
 from fairseq_plugins.bench import report
 from fairseq_plugins.bench.measure import percentile
-from fairseq_plugins.common.prepared import PreparedData
+from fairseq_plugins.tools.prepared import PreparedData
 from fairseq_plugins.common.textio import atomic_output, read_lines
 
 

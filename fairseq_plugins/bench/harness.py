@@ -4,8 +4,9 @@ Flags this module does not define go to fairseq's own generation parser (``--tas
 method's generator flags, ``--lenpen``, ``--max-len-a/b``, ``--fp16`` ...), so a method's decoding
 options are given exactly as to ``fairseq-generate``, and an unknown flag is an error naming it.
 
-A generator may expose method-specific figures: ``generation_stats() -> dict`` (cumulative) and
-``reset_generation_stats()``; the harness resets them after warm-up and stores them under ``stats``.
+A generator may keep method-specific figures (``common.generation.GenerationStats``: ``generation_stats() ->
+dict``, cumulative, and ``reset_generation_stats()``); the harness resets them after warm-up and stores them under
+``stats``.
 ``step_cost_figures(batches) -> dict`` (batches of the bench's --batch-size): the cost of one of its model calls
 against a stock greedy step on the same rows, also stored under ``stats``.
 The JSON schema is documented in docs/bench.md.
@@ -24,8 +25,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import user_dir
-from ..common.prepared import PreparedData
+from ..common.generation import GenerationStats
 from ..common.textio import InputError, atomic_output, check_output_path, read_lines, read_parallel, write_lines
+from ..tools.prepared import PreparedData
 from . import report
 from .ctranslate2_reference import COMPUTE_TYPES
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
@@ -477,7 +479,8 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
     for decode in decoders.values():  # warm-up, not timed
         for batch in batches[: args.warmup]:
             decode(batch)
-    if hasattr(generators.method, "reset_generation_stats"):
+    keeps_stats = isinstance(generators.method, GenerationStats)
+    if keeps_stats:
         generators.method.reset_generation_stats()
 
     memory = PeakMemory(device)
@@ -488,8 +491,7 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
         logger.info("run %d: %s", run + 1, ", ".join(f"{name} {measurement.run_seconds[run]:.2f} s"
                                                       for name, measurement in measurements.items()))
 
-    method_stats = dict(generators.method.generation_stats()) if hasattr(generators.method, "generation_stats") \
-        else {}
+    method_stats = dict(generators.method.generation_stats()) if keeps_stats else {}
     if args.batch_size == 1:
         latencies = {name: m.batch_seconds for name, m in measurements.items()}
     elif args.latency_limit == 0:

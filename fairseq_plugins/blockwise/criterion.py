@@ -65,9 +65,9 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
                  blockwise_proposal_vocab=0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if ignore_prefix_size > 0:
-            raise ValueError("--ignore-prefix-size is not supported by blockwise_label_smoothed_cross_entropy")
+            raise InputError("--ignore-prefix-size is not supported by blockwise_label_smoothed_cross_entropy")
         if blockwise_teacher_weight < 0:
-            raise ValueError(f"--blockwise-teacher-weight {blockwise_teacher_weight}: must be >= 0")
+            raise InputError(f"--blockwise-teacher-weight {blockwise_teacher_weight}: must be >= 0")
         special = task.target_dictionary.nspecial
         if blockwise_proposal_vocab and not special < blockwise_proposal_vocab <= len(task.target_dictionary):
             raise InputError(f"--blockwise-proposal-vocab {blockwise_proposal_vocab}: must be 0 (the whole "
@@ -113,7 +113,7 @@ class BlockwiseLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrite
     def heads_to_train(self, model):
         decoder = model.decoder
         if not hasattr(decoder, "proposal_heads"):
-            raise ValueError("--criterion blockwise_label_smoothed_cross_entropy needs --arch blockwise_transformer*")
+            raise InputError("--criterion blockwise_label_smoothed_cross_entropy needs --arch blockwise_transformer*")
         heads = list(range(decoder.num_proposal_heads))
         if not model.training:
             return heads

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..fast_step.engine import linear_of
-from ..fast_step.generator import fast_step_parts
+from ..kernels.decoder_step import fast_step_parts
+from ..kernels.precision import linear_of
 from .generator import BlockwiseGenerator
 from .model import ProposalHeads, row_blocks
 

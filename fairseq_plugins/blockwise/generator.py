@@ -64,12 +64,11 @@ class BlockwiseGenerator(MethodGenerator):
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) ------------------
 
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0, "batches": 0,
-                       "block_tokens_fed": 0, "blocks_fed": 0}
+    stat_counters = {"sentences": 0, "tokens": 0, "iterations": 0, "decoder_invocations": 0, "batches": 0,
+                     "block_tokens_fed": 0, "blocks_fed": 0}
 
     def generation_stats(self) -> Dict:
-        s = dict(self._stats)
+        s = super().generation_stats()
         # Mean accepted block size: output tokens per predict-verify-accept iteration of a sentence.
         s["mean_accepted_block_size"] = round(s["tokens"] / s["iterations"], 4) if s["iterations"] else 0.0
         # Tokens fed per verification call and sentence (k, or fewer with --block-adaptive-threshold).

@@ -22,9 +22,10 @@ from torch import Tensor
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
 
-from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
 from ..common.incremental import IncrementalState
+from ..common.presets import transformer_multi30k, transformer_tiny
+from ..common.textio import InputError
 from ..common.warm_start import warm_start
 
 
@@ -121,7 +122,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         if self.adaptive_softmax is not None:
-            raise ValueError("blockwise_transformer: --adaptive-softmax-cutoff is not supported (each proposal "
+            raise InputError("blockwise_transformer: --adaptive-softmax-cutoff is not supported (each proposal "
                              "head reuses the plain output projection)")
         self.proposal_heads = ProposalHeads(
             self.output_embed_dim, args.blockwise_ffn_dim, args.blockwise_heads,
@@ -279,9 +280,9 @@ class BlockwiseTransformerModel(TransformerModel):
         return BlockwiseTransformerDecoder(args, tgt_dict, embed_tokens,
                                            no_encoder_attn=args.no_cross_attention)
 
-    def load_base_checkpoint(self, path: str) -> None:
+    def load_base_checkpoint(self, path: str, flag: str) -> None:
         """Warm start: copy every parameter of a trained fairseq transformer; the heads keep their init."""
-        warm_start(self, path, "--blockwise-base-checkpoint",
+        warm_start(self, path, flag,
                    required=lambda key: not key.startswith("decoder.proposal_heads."))
 
 
@@ -305,11 +306,11 @@ def blockwise_transformer(args):
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_multi30k")
 def blockwise_transformer_multi30k(args):
     """The baseline's sizes (examples/baseline): warm-starts from its checkpoint."""
-    baseline_transformer_multi30k(args)
+    transformer_multi30k(args)
     blockwise_defaults(args)
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_tiny")
 def blockwise_transformer_tiny(args):
-    baseline_transformer_tiny(args)
+    transformer_tiny(args)
     blockwise_defaults(args, num_heads=4)

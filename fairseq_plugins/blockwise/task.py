@@ -13,9 +13,10 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..common.generation import refuse_unsupported_generation_flags
-from ..common.warm_start import warm_start_unless_resuming
-from ..fast_step.task import FastStepConfig, check_fast_step_model, fast_step_precision
+from ..common.generation import generator_options, refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from ..common.warm_start import warm_start_built_model
+from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_model, fast_step_precision
 from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel
@@ -69,41 +70,38 @@ class BlockwiseTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        if self.cfg.blockwise_base_checkpoint and not from_checkpoint:
-            if not isinstance(model, BlockwiseTransformerModel):
-                raise ValueError("--blockwise-base-checkpoint needs --arch blockwise_transformer*")
-            warm_start_unless_resuming(cfg, self.cfg.blockwise_base_checkpoint, "--blockwise-base-checkpoint",
-                                       model.load_base_checkpoint)
+        warm_start_built_model(model, cfg, from_checkpoint, self.cfg.blockwise_base_checkpoint,
+                               "--blockwise-base-checkpoint", BlockwiseTransformerModel, "blockwise_transformer*")
         return model
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
         model = models[0]
         if not isinstance(model, BlockwiseTransformerModel):
-            raise ValueError(
+            raise InputError(
                 f"--path: the checkpoint holds a {type(model).__name__}, not a blockwise_transformer; "
                 "blockwise decoding needs proposal heads (train with --arch blockwise_transformer*, "
                 "or decode this model with --task translation)")
         if len(models) > 1:
-            raise ValueError("--path: blockwise decoding runs one model, not an ensemble")
+            raise InputError("--path: blockwise decoding runs one model, not an ensemble")
         model_k = model.decoder.num_proposal_heads
         block_size = self.cfg.block_size or model_k
         if not 1 <= block_size <= model_k:
-            raise ValueError(f"--block-size {self.cfg.block_size}: the model has {model_k} proposal heads "
+            raise InputError(f"--block-size {self.cfg.block_size}: the model has {model_k} proposal heads "
                              f"(--blockwise-heads), so the block size must be 1..{model_k}")
         if self.cfg.block_acceptance == "topk" and self.cfg.block_topk < 1:
-            raise ValueError(f"--block-topk {self.cfg.block_topk}: must be at least 1")
+            raise InputError(f"--block-topk {self.cfg.block_topk}: must be at least 1")
         if self.cfg.block_acceptance == "distance" and self.cfg.block_distance < 0:
-            raise ValueError(f"--block-distance {self.cfg.block_distance}: must be >= 0")
+            raise InputError(f"--block-distance {self.cfg.block_distance}: must be >= 0")
         if not 1 <= self.cfg.min_block_size <= block_size:
-            raise ValueError(f"--min-block-size {self.cfg.min_block_size}: must be 1..{block_size} (the block size)")
+            raise InputError(f"--min-block-size {self.cfg.min_block_size}: must be 1..{block_size} (the block size)")
         threshold = self.cfg.block_adaptive_threshold
         if threshold != 0 and not 0 < threshold < 1:
-            raise ValueError(f"--block-adaptive-threshold {threshold}: must be in (0, 1), or 0 for a fixed block")
+            raise InputError(f"--block-adaptive-threshold {threshold}: must be in (0, 1), or 0 for a fixed block")
         vocab = self.cfg.block_proposal_vocab
         special = self.target_dictionary.nspecial
         if vocab != 0 and not special < vocab <= len(self.target_dictionary):
-            raise ValueError(f"--block-proposal-vocab {vocab}: must be 0 (the whole vocabulary) or "
+            raise InputError(f"--block-proposal-vocab {vocab}: must be 0 (the whole vocabulary) or "
                              f"{special + 1}..{len(self.target_dictionary)} (past the special symbols, at most "
                              "the target dictionary's size)")
         refuse_unsupported_generation_flags(args, "--task blockwise_translation", extra={
@@ -120,9 +118,5 @@ class BlockwiseTranslationTask(TranslationTask):
             model, self.target_dictionary, block_size, **extra,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,
             min_block_size=self.cfg.min_block_size, adaptive_threshold=threshold,
-            proposal_vocab=vocab,
-            max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
-            min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
-            len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),
-            temperature=getattr(args, "temperature", 1.0),
+            proposal_vocab=vocab, **generator_options(args, "temperature"),
         )

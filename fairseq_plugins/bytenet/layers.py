@@ -15,7 +15,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from .. import native
+from ..common.textio import InputError
+from ..kernels import native
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -236,9 +237,9 @@ def parse_dilations(text: str, flag: str) -> List[int]:
     try:
         dilations = [int(value) for value in str(text).split(",") if value.strip()]
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8,16") from None
+        raise InputError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8,16") from None
     if not dilations or min(dilations) < 1:
-        raise ValueError(f"{flag} {text!r}: expected one or more positive integers")
+        raise InputError(f"{flag} {text!r}: expected one or more positive integers")
     return dilations
 
 
@@ -246,7 +247,7 @@ def parse_dilations(text: str, flag: str) -> List[int]:
 class DilatedStack(nn.Module):
     """``blocks`` residual blocks whose dilations cycle through ``dilations`` (the paper's sets of five)."""
 
-    # The one-frame decoding step of a stack of ReLU blocks runs as one native call (native/kernel.c) where it
+    # The one-frame decoding step of a stack of ReLU blocks runs as one native call (kernels/native/bytenet_step.c) where it
     # can: float32 parameters on the CPU, no gradient, no dropout, the kernels built, at most NATIVE_MAX_ROWS
     # rows. False: the torch frame steps always (``--bytenet-decoding cached-torch``, to time one against the
     # other).
@@ -259,7 +260,7 @@ class DilatedStack(nn.Module):
         super().__init__()
         self.layerdrop = layerdrop
         if block_type not in BLOCK_TYPES:
-            raise ValueError(f"block type {block_type!r}: expected one of {sorted(BLOCK_TYPES)}")
+            raise InputError(f"block type {block_type!r}: expected one of {sorted(BLOCK_TYPES)}")
         block_class = BLOCK_TYPES[block_type]
         self.block_dilations = [dilations[i % len(dilations)] for i in range(blocks)]
         self.kernel_size = kernel_size

@@ -27,6 +27,7 @@ from fairseq.tasks.translation import TranslationTask
 from torch import Tensor, nn
 
 from ..common.dictionaries import check_vocabulary_sizes, data_directory, keep_or_check_model_dictionaries
+from ..common.presets import set_default
 from ..common.textio import InputError
 from .layers import BLOCK_TYPES, DilatedStack, IncrementalState, keeps_every_row, parse_dilations
 
@@ -214,14 +215,14 @@ class ByteNetModel(FairseqEncoderDecoderModel):
         _check_args(args)
         keep_or_check_model_dictionaries(args, task, "ByteNet")
         if args.unfold_a <= 0:
-            raise ValueError(f"--unfold-a {args.unfold_a}: expected a positive number")
+            raise InputError(f"--unfold-a {args.unfold_a}: expected a positive number")
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         encoder_embed = nn.Embedding(len(src_dict), args.encoder_embed_dim, src_dict.pad())
         if args.share_all_embeddings:
             if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
+                raise InputError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
             if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+                raise InputError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
             decoder_embed = encoder_embed
         else:
             decoder_embed = nn.Embedding(len(tgt_dict), args.decoder_embed_dim, tgt_dict.pad())
@@ -303,20 +304,20 @@ def _check_training_blocks(args, decoder) -> None:
 def _check_args(args, sides=("encoder", "decoder")):
     """Clear errors for flag values a convolution would otherwise reject with a shape error."""
     if args.kernel_size < 1:
-        raise ValueError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
+        raise InputError(f"--kernel-size {args.kernel_size}: expected a positive number of taps")
     if args.output_hidden_dim < 1:
-        raise ValueError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
+        raise InputError(f"--output-hidden-dim {args.output_hidden_dim}: expected >= 1")
     if not 0 <= args.dropout < 1:
-        raise ValueError(f"--dropout {args.dropout}: expected 0 <= P < 1")
+        raise InputError(f"--dropout {args.dropout}: expected 0 <= P < 1")
     if "encoder" in sides and args.kernel_size % 2 == 0:
-        raise ValueError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
+        raise InputError(f"--kernel-size {args.kernel_size}: the source network's centred convolutions need it odd")
     for side in sides:
         for name in ("embed_dim", "hidden_dim", "blocks"):
             if getattr(args, f"{side}_{name}") < 1:
-                raise ValueError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
+                raise InputError(f"--{side}-{name.replace('_', '-')} {getattr(args, f'{side}_{name}')}: expected >= 1")
         parse_dilations(getattr(args, f"{side}_dilations"), f"--{side}-dilations")
         if not 0 <= getattr(args, f"{side}_layerdrop") < 1:
-            raise ValueError(f"--{side}-layerdrop {getattr(args, f'{side}_layerdrop')}: expected 0 <= P < 1")
+            raise InputError(f"--{side}-layerdrop {getattr(args, f'{side}_layerdrop')}: expected 0 <= P < 1")
 
 
 def _warn_if_unfolding_changed(args):
@@ -331,23 +332,17 @@ def _warn_if_unfolding_changed(args):
         )
 
 
-def _default(args, name: str, value) -> None:
-    """Set a flag the command line and the preset left unset (an explicit 0 stays, for the checks to see)."""
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
 def _stack_defaults(args, side, embed, hidden, blocks, dilations="1,2,4,8,16", block_type="relu"):
     for name, value in (("embed_dim", embed), ("hidden_dim", hidden), ("blocks", blocks),
                         ("dilations", dilations), ("block_type", block_type), ("layerdrop", 0.0)):
-        _default(args, f"{side}_{name}", value)
+        set_default(args, f"{side}_{name}", value)
 
 
 def _shared_defaults(args, kernel_size=3, output_hidden=None, dropout=0.0, max_positions=4096):
-    _default(args, "kernel_size", kernel_size)
-    _default(args, "output_hidden_dim", output_hidden or args.decoder_hidden_dim)
-    _default(args, "dropout", dropout)
-    _default(args, "max_target_positions", max_positions)
+    set_default(args, "kernel_size", kernel_size)
+    set_default(args, "output_hidden_dim", output_hidden or args.decoder_hidden_dim)
+    set_default(args, "dropout", dropout)
+    set_default(args, "max_target_positions", max_positions)
 
 
 def _translation_defaults(args, d, blocks=30, dropout=0.0):
@@ -356,10 +351,10 @@ def _translation_defaults(args, d, blocks=30, dropout=0.0):
     _stack_defaults(args, "encoder", d, d // 2, blocks)
     _stack_defaults(args, "decoder", d, d, blocks)
     _shared_defaults(args, output_hidden=d, dropout=dropout)
-    _default(args, "unfold_a", 1.2)
-    _default(args, "unfold_b", 0.0)
-    _default(args, "share_all_embeddings", False)
-    _default(args, "max_source_positions", 4096)
+    set_default(args, "unfold_a", 1.2)
+    set_default(args, "unfold_b", 0.0)
+    set_default(args, "share_all_embeddings", False)
+    set_default(args, "max_source_positions", 4096)
 
 
 @register_model_architecture("bytenet", "bytenet")

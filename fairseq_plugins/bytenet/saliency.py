@@ -114,7 +114,7 @@ def run_saliency(args, argv):
     from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from ..common.prepared import PreparedData
+    from ..tools.prepared import PreparedData
     from .model import ByteNetModel
 
     data = PreparedData(args.data)

@@ -14,6 +14,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..common.textio import InputError
 from .model import ByteNetModel
 
 DECODING_CHOICES = ChoiceEnum(["cached", "cached-torch", "recompute"])
@@ -38,7 +39,7 @@ class ByteNetTranslationTask(TranslationTask):
         if self.cfg.bytenet_decoding != "cached":
             others = [type(model).__name__ for model in models if not isinstance(model, ByteNetModel)]
             if others:
-                raise ValueError(f"--bytenet-decoding {self.cfg.bytenet_decoding} needs ByteNet models (--path), got "
+                raise InputError(f"--bytenet-decoding {self.cfg.bytenet_decoding} needs ByteNet models (--path), got "
                                  f"{', '.join(others)}")
         generator = super().build_generator(models, args, **kwargs)
         if self.cfg.bytenet_decoding == "recompute" and hasattr(generator, "model"):  # (--score-reference

@@ -24,11 +24,18 @@ from typing import Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from ..candidates import Shortlist
 from .generation import MethodGenerator
 from .step_rules import StepRules
+from .textio import InputError
 
 logger = logging.getLogger(__name__)
+
+
+class CandidateLists(Protocol):
+    """What the search reads of candidate lists (``kernels.shortlist.Shortlist``)."""
+
+    def candidates(self, src_tokens: Tensor) -> Tuple[Tensor, Tensor]:
+        """Each sentence's list of vocabulary ids (B, C), padded to the longest list, and which are real (B, C)."""
 
 
 class StepModel(Protocol):
@@ -45,14 +52,14 @@ class StepModel(Protocol):
 
 class BeamSearch:
     def __init__(self, tgt_dict, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
-                 lenpen: float = 1.0, normalize_scores: bool = True, unk_penalty: float = 0.0, nbest: int = 1,
+                 len_penalty: float = 1.0, normalize_scores: bool = True, unk_penalty: float = 0.0, nbest: int = 1,
                  early_stop_delta: Optional[float] = None, max_len: int = 1024):
         if nbest > beam:
-            raise ValueError(f"--nbest {nbest} cannot exceed --beam {beam}")
+            raise InputError(f"--nbest {nbest} cannot exceed --beam {beam}")
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
         self.beam, self.nbest = beam, nbest
         self.rules = StepRules(tgt_dict, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b,
-                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=lenpen)
+                               unk_penalty=unk_penalty, normalize_scores=normalize_scores, len_penalty=len_penalty)
         self.max_len = max_len  # the model's positions
         self.early_stop_delta = early_stop_delta
         self.steps = 0  # decoder steps of the last search (for statistics)
@@ -175,7 +182,7 @@ class BeamSearchGenerator(MethodGenerator):
     ``fairseq-plugins bench`` (generation_stats) and the exit log: decoder steps, model calls, candidate-list
     sizes, sentences stopped early; ``settings`` adds the subclass's switches to both."""
 
-    def __init__(self, model, tgt_dict, stepper, beam: int = 5, shortlist: Optional[Shortlist] = None,
+    def __init__(self, model, tgt_dict, stepper, beam: int = 5, shortlist: Optional[CandidateLists] = None,
                  early_stop_delta: Optional[float] = None, settings: Optional[Dict] = None, **search_args):
         self.model, self.stepper, self.tgt_dict = model, stepper, tgt_dict
         self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()  # fairseq-generate reads the generator's eos
@@ -186,12 +193,10 @@ class BeamSearchGenerator(MethodGenerator):
                              beam=beam)
         self.reset_generation_stats()
 
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "batches": 0, "steps": 0, "row_calls": 0, "candidates": 0,
-                       "stopped_early": 0}
+    stat_counters = {"sentences": 0, "batches": 0, "steps": 0, "row_calls": 0, "candidates": 0, "stopped_early": 0}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats, **self.settings)
+        stats = dict(super().generation_stats(), **self.settings)
         if stats["batches"]:
             stats["steps_per_batch"] = stats["steps"] / stats["batches"]
             stats["model_calls_per_step"] = stats["row_calls"] / max(stats["steps"], 1)

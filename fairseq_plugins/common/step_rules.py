@@ -13,6 +13,8 @@ from typing import Dict, Optional, Union
 import torch
 from torch import Tensor
 
+from .textio import InputError
+
 
 def nan_to_minus_inf_(lprobs: Tensor) -> Tensor:
     """SequenceGenerator's ``lprobs[lprobs != lprobs] = -inf`` (a NaN score never wins), in place and in one pass:
@@ -35,7 +37,7 @@ class StepRules:
         ``limit`` what the model's positions allow); refuses a --min-len above it, as fairseq does."""
         max_len = min(int(self.max_len_a * src_len + self.max_len_b), limit)
         if self.min_len > max_len:
-            raise ValueError(f"--min-len {self.min_len} is larger than the maximum output length {max_len} "
+            raise InputError(f"--min-len {self.min_len} is larger than the maximum output length {max_len} "
                              "(--max-len-a/--max-len-b, capped by the model's positions)")
         return max_len
 

@@ -39,6 +39,19 @@ def warm_start_unless_resuming(cfg, path: str, flag: str, load: Callable[[str], 
     load(path)
 
 
+def warm_start_built_model(model, cfg, from_checkpoint: bool, path: Optional[str], flag: str, model_class,
+                           arch: str) -> None:
+    """A task's ``build_model`` warm start: ``model.load_base_checkpoint(path, flag)`` for a model built fresh
+    (not one built to receive a checkpoint, ``from_checkpoint``) of ``model_class`` when ``path`` (the value of
+    ``flag``) is given and the training does not resume; an InputError when the model is of another class
+    (``arch``: the --arch presets that build one)."""
+    if not path or from_checkpoint:
+        return
+    if not isinstance(model, model_class):
+        raise InputError(f"{flag} needs --arch {arch} (the model built is a {type(model).__name__})")
+    warm_start_unless_resuming(cfg, path, flag, lambda path: model.load_base_checkpoint(path, flag))
+
+
 def load_base_state(path: str, flag: str) -> dict:
     """The model tensors of checkpoint ``path``, or an error naming ``flag`` when there is no such file."""
     from fairseq import checkpoint_utils

@@ -20,17 +20,19 @@ import torch
 
 from fairseq.data import BaseWrapperDataset, data_utils
 
+from ..common.textio import InputError
+
 EOD_SYMBOL = "<eod>"
 TOKEN_ORDERS = ("bidir", "l2r", "r2l")
 
 
 def check_token_order(token_order: str, tokens_per_step: int) -> None:
     if token_order not in TOKEN_ORDERS:
-        raise ValueError(f"--token-order {token_order}: must be one of {', '.join(TOKEN_ORDERS)}")
+        raise InputError(f"--token-order {token_order}: must be one of {', '.join(TOKEN_ORDERS)}")
     if tokens_per_step not in (1, 2):
-        raise ValueError(f"--tokens-per-step {tokens_per_step}: must be 1 or 2")
+        raise InputError(f"--tokens-per-step {tokens_per_step}: must be 1 or 2")
     if token_order == "bidir" and tokens_per_step != 2:
-        raise ValueError("--token-order bidir needs --tokens-per-step 2 (one token from each end per step)")
+        raise InputError("--token-order bidir needs --tokens-per-step 2 (one token from each end per step)")
 
 
 def fold(tokens: Sequence[int], token_order: str, tokens_per_step: int, eod: int) -> List[int]:

@@ -36,7 +36,9 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from ..common.generation import MethodGenerator
 from ..common.step_rules import StepRules, nan_to_minus_inf_
-from ..fast_step.generator import FastStepSequenceGenerator, fast_step_parts
+from ..common.textio import InputError
+from ..kernels.decoder_step import fast_step_parts
+from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import unfold_indices
 
 logger = logging.getLogger(__name__)
@@ -140,7 +142,7 @@ class DoubleTokenGenerator(MethodGenerator):
         self.max_positions = model.max_decoder_positions()
         self.temperature = temperature
         if forced_eod_score not in FORCED_EOD_SCORES:
-            raise ValueError(f"--forced-eod-score {forced_eod_score}: one of {', '.join(FORCED_EOD_SCORES)}")
+            raise InputError(f"--forced-eod-score {forced_eod_score}: one of {', '.join(FORCED_EOD_SCORES)}")
         self.forced_eod_is_certain = forced_eod_score == "one"
         self.eos = tgt_dict.eos()
         self.fast_step_precision = fast_step_precision
@@ -150,11 +152,10 @@ class DoubleTokenGenerator(MethodGenerator):
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
 
-    def reset_generation_stats(self) -> None:
-        self._stats = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
+    stat_counters = {"sentences": 0, "tokens": 0, "decoder_invocations": 0, "batches": 0}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats)  # tokens: of the best hypotheses, EOS included
+        stats = super().generation_stats()  # tokens: of the best hypotheses, EOS included
         if self.fast_step_precision is not None:
             stats["fast_step_precision"] = self.fast_step_precision
         return stats
@@ -236,8 +237,7 @@ class DoubleTokenGenerator(MethodGenerator):
             finishing = has_eod[:, :W]
             if finishing.any():
                 # Gathered on the device, then one copy to the CPU: a per-hypothesis loop of indexing and int()
-                # reads waits for the GPU at every read (with it, bidir-2 ran at 0.67x stock at batch 64 on an
-                # H200; not re-measured since).
+                # reads would wait for the GPU at every read.
                 i, j = finishing.nonzero(as_tuple=True)  # row-major: each sentence's candidates best first
                 r = row[i, j]
                 folded = torch.cat([tokens[r, 2:], left_token[i, j].unsqueeze(1), right_token[i, j].unsqueeze(1)], 1)

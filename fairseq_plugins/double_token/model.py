@@ -20,8 +20,9 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder, TransformerModel, base_architecture
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from ..baseline.model import baseline_transformer_multi30k, baseline_transformer_tiny
 from ..common import incremental
+from ..common.presets import transformer_multi30k, transformer_tiny
+from ..common.textio import InputError
 from ..common.warm_start import warm_start
 from .folding import check_token_order
 
@@ -33,7 +34,7 @@ class DoubleTokenTransformerDecoder(TransformerDecoder):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.tokens_per_step = args.tokens_per_step
         if self.tokens_per_step > 1 and self.embed_positions is None:
-            raise ValueError("double_token_transformer: --no-token-positional-embeddings leaves the slots of a "
+            raise InputError("double_token_transformer: --no-token-positional-embeddings leaves the slots of a "
                              "step indistinguishable; positional embeddings are required")
         self._step_mask = torch.empty(0)
 
@@ -70,7 +71,7 @@ class DoubleTokenTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         if getattr(args, "tokens_per_step", None) is None or getattr(args, "token_order", None) is None:
-            raise ValueError("--arch double_token_transformer*: needs --task double_token_translation, which "
+            raise InputError("--arch double_token_transformer*: needs --task double_token_translation, which "
                              "sets --token-order and --tokens-per-step")
         check_token_order(args.token_order, args.tokens_per_step)
         return super().build_model(args, task)
@@ -79,7 +80,7 @@ class DoubleTokenTransformerModel(TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return DoubleTokenTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
 
-    def load_base_checkpoint(self, path: str, eos: int) -> None:
+    def load_base_checkpoint(self, path: str, flag: str) -> None:
         """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline).
 
         Every tensor is copied as it is, but for two things double-token adds: the EOD symbol, the last row of
@@ -89,6 +90,7 @@ class DoubleTokenTransformerModel(TransformerModel):
         So with one token a step (l2r-1) the warm-started model decodes as the base does.
         """
         two_a_step = self.decoder.tokens_per_step == 2
+        eos = self.decoder.dictionary.eos()
 
         def add_eod_row(key: str, base: Tensor, own: Tensor) -> Optional[Tensor]:
             if own.dim() != 2 or own.shape[0] != base.shape[0] + 1 or own.shape[1:] != base.shape[1:]:
@@ -99,7 +101,7 @@ class DoubleTokenTransformerModel(TransformerModel):
         positions = self.decoder.embed_positions
         learned_positions = "decoder.embed_positions.weight"
         copied = warm_start(
-            self, path, "--double-token-base-checkpoint",
+            self, path, flag,
             required=lambda key: key != learned_positions, take=lambda key: not key.endswith("_float_tensor"),
             adapt=add_eod_row)
         if learned_positions not in copied:  # a sinusoidal base: its table, indexed as fairseq indexes both
@@ -126,10 +128,10 @@ def double_token_transformer(args):
 def double_token_transformer_multi30k(args):
     """The baseline's sizes (3+3 layers, 256-d, shared embeddings), decoder with learned positions."""
     _learned_target_positions(args)
-    baseline_transformer_multi30k(args)
+    transformer_multi30k(args)
 
 
 @register_model_architecture("double_token_transformer", "double_token_transformer_tiny")
 def double_token_transformer_tiny(args):
     _learned_target_positions(args)
-    baseline_transformer_tiny(args)
+    transformer_tiny(args)

@@ -23,10 +23,11 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..common.generation import refuse_unsupported_generation_flags
-from ..common.warm_start import warm_start_unless_resuming
-from ..fast_step.generator import FastStepSequenceGenerator
-from ..fast_step.task import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..common.generation import generator_options, refuse_unsupported_generation_flags
+from ..common.textio import InputError
+from ..common.warm_start import warm_start_built_model
+from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
 from .generator import (FORCED_EOD_SCORES, DoubleTokenGenerator, FastStepRightToLeftGenerator,
                         RightToLeftSequenceGenerator)
@@ -98,12 +99,9 @@ class DoubleTokenTranslationTask(TranslationTask):
         model = super().build_model(cfg, from_checkpoint)
         if from_checkpoint:  # before fairseq loads its weights: a plain model's embeddings lack EOD's row
             self._refuse_other_models(model)
-        if self.cfg.double_token_base_checkpoint and not from_checkpoint:
-            if not isinstance(model, DoubleTokenTransformerModel):
-                raise ValueError("--double-token-base-checkpoint needs --arch double_token_transformer*")
-            warm_start_unless_resuming(cfg, self.cfg.double_token_base_checkpoint,
-                                       "--double-token-base-checkpoint",
-                                       lambda path: model.load_base_checkpoint(path, self.tgt_dict.eos()))
+        warm_start_built_model(model, cfg, from_checkpoint, self.cfg.double_token_base_checkpoint,
+                               "--double-token-base-checkpoint", DoubleTokenTransformerModel,
+                               "double_token_transformer*")
         return model
 
     # --- training: the stock criterions see the folded target ---------------------------------------------
@@ -139,7 +137,7 @@ class DoubleTokenTranslationTask(TranslationTask):
             if order == "r2l":
                 if (getattr(args, "prefix_size", 0) > 0 or getattr(args, "constraints", None)
                         or getattr(args, "print_alignment", None)):
-                    raise ValueError("--prefix-size/--constraints/--print-alignment: not supported with "
+                    raise InputError("--prefix-size/--constraints/--print-alignment: not supported with "
                                      "--token-order r2l --tokens-per-step 1")
                 seq_gen_cls = RightToLeftSequenceGenerator if precision is None else FastStepRightToLeftGenerator
             elif precision is not None:
@@ -148,24 +146,21 @@ class DoubleTokenTranslationTask(TranslationTask):
                 extra_gen_cls_kwargs = {"precision": precision, **(extra_gen_cls_kwargs or {})}
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if len(models) > 1:
-            raise ValueError("--path: double-token decoding runs one model, not an ensemble")
+            raise InputError("--path: double-token decoding runs one model, not an ensemble")
         refuse_unsupported_generation_flags(args, "--tokens-per-step 2")
-        beam = getattr(args, "beam", 5)
+        options = generator_options(args, "beam", "temperature")
+        beam = options.pop("beam")
         left = self.cfg.left_candidates or 2 * beam
         pairs = self.cfg.pair_candidates or 3 * beam
         if left < 1:
-            raise ValueError(f"--left-candidates {self.cfg.left_candidates}: must be at least 1 (0: 2 x --beam)")
+            raise InputError(f"--left-candidates {self.cfg.left_candidates}: must be at least 1 (0: 2 x --beam)")
         if pairs < beam:
-            raise ValueError(f"--pair-candidates {self.cfg.pair_candidates}: must be at least --beam {beam} "
+            raise InputError(f"--pair-candidates {self.cfg.pair_candidates}: must be at least --beam {beam} "
                              "(0: 3 x --beam)")
         return DoubleTokenGenerator(
             models[0], self.target_dictionary, self.eod, order, beam_size=beam,
-            left_candidates=left, pair_candidates=pairs,
-            max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
-            min_len=getattr(args, "min_len", 1), normalize_scores=not getattr(args, "unnormalized", False),
-            len_penalty=getattr(args, "lenpen", 1), unk_penalty=getattr(args, "unkpen", 0),
-            temperature=getattr(args, "temperature", 1.0), forced_eod_score=self.cfg.forced_eod_score,
-            fast_step_precision=precision,
+            left_candidates=left, pair_candidates=pairs, forced_eod_score=self.cfg.forced_eod_score,
+            fast_step_precision=precision, **options,
         )
 
     def _fast_step_precision(self, models) -> Optional[str]:
@@ -179,7 +174,7 @@ class DoubleTokenTranslationTask(TranslationTask):
     @staticmethod
     def _refuse_other_models(model) -> None:
         if not isinstance(model, DoubleTokenTransformerModel):
-            raise ValueError(f"--path: the checkpoint holds a {type(model).__name__}, not a double_token_transformer "
+            raise InputError(f"--path: the checkpoint holds a {type(model).__name__}, not a double_token_transformer "
                              "(train with --task double_token_translation --arch double_token_transformer*)")
 
     def _check_trained_order(self, model) -> None:
@@ -187,6 +182,6 @@ class DoubleTokenTranslationTask(TranslationTask):
         trained = (model.args.token_order, model.args.tokens_per_step)
         asked = (self.token_order, self.cfg.tokens_per_step)
         if trained != asked:
-            raise ValueError(
+            raise InputError(
                 f"--token-order {asked[0]} --tokens-per-step {asked[1]}: the checkpoint was trained with "
                 f"--token-order {trained[0]} --tokens-per-step {trained[1]}; decode it with those")

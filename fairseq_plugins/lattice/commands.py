@@ -3,9 +3,9 @@
 import json
 import os
 
-from ..common.align import read_pharaoh
-from ..common.prepared import binarized_dir
 from ..common.textio import InputError, atomic_output, positive_int
+from ..tools.align import read_pharaoh
+from ..tools.prepared import binarized_dir
 from .ibm2 import CandidateTable, lattice_recall, never_candidates, read_binarized_pairs
 
 

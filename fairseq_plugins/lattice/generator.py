@@ -25,9 +25,10 @@ import torch
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
-from ..candidates import PRECISIONS
 from ..common.generation import MethodGenerator
-from ..int8 import int8_encoder
+from ..common.textio import InputError
+from ..kernels.int8 import int8_encoder
+from ..kernels.precision import check_precision
 from .ibm2 import CandidateTable, never_candidates
 from .model import HoistedLatticeScorer
 from .viterbi import beam_search_without_repeats, viterbi
@@ -42,28 +43,26 @@ class LatticeGenerator(MethodGenerator):
     method_name = "lattice"
 
     def __init__(self, models, tgt_dict, table: CandidateTable, k: int = 64, length_delta: int = 3,
-                 normalization: str = "lattice", nbest: int = 1, lenpen: float = 1.0, normalize_scores: bool = True,
+                 normalization: str = "lattice", nbest: int = 1, len_penalty: float = 1.0, normalize_scores: bool = True,
                  max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True,
                  precision: str = "fp32", encoder_precision: str = "fp32", mass: float = 1.0,
                  no_repeat_ngram_size: int = 0, beam: int = 0):
         if len(models) != 1:
-            raise ValueError("lattice decoding takes one model (no ensembles)")
+            raise InputError("lattice decoding takes one model (no ensembles)")
         if k < 1:
-            raise ValueError(f"--lattice-k {k}: needs at least one candidate per position")
+            raise InputError(f"--lattice-k {k}: needs at least one candidate per position")
         if not 0.0 < mass <= 1.0:
-            raise ValueError(f"--lattice-mass {mass}: must be in (0, 1] (1 keeps all K candidates of a position)")
+            raise InputError(f"--lattice-mass {mass}: must be in (0, 1] (1 keeps all K candidates of a position)")
         if no_repeat_ngram_size < 0 or beam < 0:
-            raise ValueError(f"--no-repeat-ngram-size {no_repeat_ngram_size}, --lattice-beam {beam}: must be >= 0")
+            raise InputError(f"--no-repeat-ngram-size {no_repeat_ngram_size}, --lattice-beam {beam}: must be >= 0")
         if length_delta < 0:
-            raise ValueError(f"--lattice-length-delta {length_delta}: must be >= 0")
+            raise InputError(f"--lattice-length-delta {length_delta}: must be >= 0")
         if normalization not in NORMALIZATIONS:
-            raise ValueError(f"--lattice-normalize {normalization}: choose one of {', '.join(NORMALIZATIONS)}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"--lattice-scorer-precision {precision}: choose one of {', '.join(PRECISIONS)}")
+            raise InputError(f"--lattice-normalize {normalization}: choose one of {', '.join(NORMALIZATIONS)}")
+        check_precision(precision, "--lattice-scorer-precision")
         if precision == "int8" and not hoist:
-            raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist")
-        if encoder_precision not in PRECISIONS:
-            raise ValueError(f"--lattice-encoder-precision {encoder_precision}: choose one of {', '.join(PRECISIONS)}")
+            raise InputError("--lattice-scorer-precision int8 runs on the hoisted scorer: drop --lattice-no-hoist")
+        check_precision(encoder_precision, "--lattice-encoder-precision")
         self.model = models[0]
         # int8: a copy of the encoder with int8 matrices, made once here (the model's own stays float32)
         # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)
@@ -82,7 +81,7 @@ class LatticeGenerator(MethodGenerator):
         self.table = table
         self.length_delta = length_delta
         self.normalization = normalization
-        self.nbest, self.lenpen, self.normalize_scores = nbest, lenpen, normalize_scores
+        self.nbest, self.lenpen, self.normalize_scores = nbest, len_penalty, normalize_scores
         self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, max(1, min_len)
         self.hoist = hoist
         self.precision = precision
@@ -92,13 +91,12 @@ class LatticeGenerator(MethodGenerator):
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
-    def reset_generation_stats(self) -> None:
-        self._stats = {f"{phase}_seconds": 0.0 for phase in PHASES}
-        self._stats.update(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
-                           lattice_positions=0, lattice_candidates=0, scored_rows=0)
+    stat_counters = {**{f"{phase}_seconds": 0.0 for phase in PHASES},
+                     **dict(sentences=0, batches=0, decoder_calls=0, reference_tokens=0, reference_tokens_in_lattice=0,
+                            lattice_positions=0, lattice_candidates=0, scored_rows=0)}
 
     def generation_stats(self) -> Dict:
-        stats = dict(self._stats)
+        stats = super().generation_stats()
         if stats["reference_tokens"]:
             stats["lattice_recall"] = stats["reference_tokens_in_lattice"] / stats["reference_tokens"]
         if stats["sentences"]:
@@ -191,7 +189,7 @@ class LatticeGenerator(MethodGenerator):
         --lattice-no-hoist, or unless the hoisting would not be exact (dropout kept at inference)."""
         if not self.hoist or not HoistedLatticeScorer.exact_for(self.scorer, self._dropouts):
             if self.precision == "int8":
-                raise ValueError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
+                raise InputError("--lattice-scorer-precision int8 runs on the hoisted scorer, which dropout kept at "
                                  "inference (--retain-dropout) turns off")
             return self.scorer.window_features
         if self._hoisted is None or not self._hoisted.matches(self.scorer):

@@ -29,10 +29,10 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..common.align import Alignment
 from ..common.dictionaries import check_dictionaries, dictionary_fingerprint
 from ..common.progress import progress_bar
 from ..common.textio import InputError, atomic_output
+from ..tools.align import Alignment
 
 logger = logging.getLogger(__name__)
 

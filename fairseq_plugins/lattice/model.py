@@ -14,7 +14,7 @@ generator calls: scores of the K candidates of position t for every state of the
 inference it calls ``HoistedLatticeScorer.window_features`` instead: the same features, with the work that
 does not depend on the row (per-vocabulary and per-position tables of the first layer, the cross-attention
 output projection folded into the memory's values) done once per model or per sentence, and, with
-``--lattice-scorer-precision int8``, the feed-forward matrices as int8 (fairseq_plugins.int8, quantized once a
+``--lattice-scorer-precision int8``, the feed-forward matrices as int8 (fairseq_plugins.kernels.int8, quantized once a
 model).
 """
 
@@ -32,12 +32,12 @@ from fairseq.models import FairseqDecoder, register_model, register_model_archit
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 
-from ..baseline.model import _default, baseline_transformer_multi30k, baseline_transformer_tiny
-from ..candidates import PRECISIONS
-from ..common.attention import softmax_last_dim
+from ..common.presets import set_default, transformer_multi30k, transformer_tiny
 from ..common.textio import InputError
 from ..common.warm_start import layer_count, load_base_state, warm_start
-from ..int8 import Int8Matrix, int8_model_unsupported_reason
+from ..kernels.attention import softmax_last_dim
+from ..kernels.int8 import Int8Matrix, int8_model_unsupported_reason
+from ..kernels.precision import check_precision
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +135,12 @@ class LatticeScorer(FairseqDecoder):
         super().__init__(dictionary)
         self.markov_order = int(args.lattice_markov_order)
         if self.markov_order not in MARKOV_ORDERS:
-            raise ValueError(f"--lattice-markov-order {self.markov_order}: choose one of {MARKOV_ORDERS}")
+            raise InputError(f"--lattice-markov-order {self.markov_order}: choose one of {MARKOV_ORDERS}")
         if args.lattice_scorer_layers < 1:
-            raise ValueError(f"--lattice-scorer-layers {args.lattice_scorer_layers}: needs at least 1 layer")
+            raise InputError(f"--lattice-scorer-layers {args.lattice_scorer_layers}: needs at least 1 layer")
         embed_dim = args.decoder_embed_dim
         if embed_tokens.embedding_dim != embed_dim:
-            raise ValueError(f"--decoder-embed-dim {embed_dim} differs from the target embeddings' "
+            raise InputError(f"--decoder-embed-dim {embed_dim} differs from the target embeddings' "
                              f"{embed_tokens.embedding_dim}")
         self.padding_idx = dictionary.pad()
         self.eos_idx = dictionary.eos()
@@ -217,7 +217,7 @@ class LatticeScorer(FairseqDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         if incremental_state is not None:
-            raise ValueError("lattice_transformer scores lattices in parallel and has no incremental decoding: "
+            raise InputError("lattice_transformer scores lattices in parallel and has no incremental decoding: "
                              "decode it with --task lattice_translation")
         features = self.extract_features(prev_output_tokens, encoder_out)
         return self.output_layer(features), {"attn": [None], "inner_states": None}
@@ -280,12 +280,11 @@ class HoistedLatticeScorer:
     """
 
     def __init__(self, scorer: LatticeScorer, precision: str = "fp32"):
-        if precision not in PRECISIONS:
-            raise ValueError(f"--lattice-scorer-precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        check_precision(precision, "--lattice-scorer-precision")
         if precision == "int8":
             reason = scorer_int8_unsupported_reason(scorer)
             if reason is not None:
-                raise ValueError(f"--lattice-scorer-precision int8: {reason}")
+                raise InputError(f"--lattice-scorer-precision int8: {reason}")
         self.scorer = scorer
         self.precision = precision
         # The same Parameter objects whatever happens to their data (in-place updates, .to(), .double()),
@@ -478,14 +477,13 @@ class LatticeTransformerModel(TransformerModel):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 
-    def load_base_checkpoint(self, path: str) -> None:
+    def load_base_checkpoint(self, path: str, flag: str) -> None:
         """Warm start from a trained fairseq transformer of the same sizes and data (e.g. the baseline): its
         encoder, target embeddings and output matrix; the scorer's layers and positions keep their init.
 
         The encoder may be deeper than the base's (depth moved from the scorer to the encoder, where a layer
         costs a thirtieth as much at decoding): the base's layers become the lowest ones and the layers above
         them keep their initialisation."""
-        flag = "--lattice-base-checkpoint"
         base = load_base_state(path, flag)
         base_layers, own_layers = layer_count(base, "encoder"), len(self.encoder.layers)
         if base_layers > own_layers:
@@ -501,8 +499,8 @@ class LatticeTransformerModel(TransformerModel):
 
 
 def _lattice_defaults(args):
-    _default(args, "lattice_scorer_layers", 1)
-    _default(args, "lattice_markov_order", 1)
+    set_default(args, "lattice_scorer_layers", 1)
+    set_default(args, "lattice_markov_order", 1)
 
 
 @register_model_architecture("lattice_transformer", "lattice_transformer")
@@ -510,19 +508,19 @@ def lattice_transformer(args):
     """Transformer base encoder (6 layers, 512-d) and a one-layer first-order scorer."""
     _lattice_defaults(args)
     base_architecture(args)
-    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
+    set_default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
 
 
 @register_model_architecture("lattice_transformer", "lattice_transformer_multi30k")
 def lattice_transformer_multi30k(args):
     """The baseline's encoder (3 layers, 256-d, shared embeddings) and a one-layer first-order scorer."""
     _lattice_defaults(args)
-    baseline_transformer_multi30k(args)
-    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
+    transformer_multi30k(args)
+    set_default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
 
 
 @register_model_architecture("lattice_transformer", "lattice_transformer_tiny")
 def lattice_transformer_tiny(args):
     _lattice_defaults(args)
-    baseline_transformer_tiny(args)
-    _default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)
+    transformer_tiny(args)
+    set_default(args, "lattice_scorer_ffn_dim", args.decoder_ffn_embed_dim)

@@ -13,11 +13,11 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..candidates import PRECISIONS
-from ..common.generation import refuse_unsupported_generation_flags
+from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.textio import InputError
-from ..common.warm_start import warm_start_unless_resuming
-from ..int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
+from ..common.warm_start import warm_start_built_model
+from ..kernels.int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
+from ..kernels.precision import PRECISIONS
 from .generator import NORMALIZATIONS, LatticeGenerator
 from .ibm2 import CandidateTable
 from .model import LatticeTransformerModel, scorer_int8_unsupported_reason
@@ -67,8 +67,9 @@ class LatticeTranslationConfig(TranslationConfig):
     lattice_encoder_precision: ChoiceEnum(list(PRECISIONS)) = field(
         default="fp32",
         metadata={"help": "precision of the encoder's matrices: fp32, or int8 (every layer's self-attention and "
-                          "feed-forward matrices with per-row activation scales, fairseq_plugins.int8's encoder, "
-                          "as the fast step's; CPU and float32 models only; about half the encoder's time here)"},
+                          "feed-forward matrices with per-row activation scales, fairseq_plugins.kernels.int8's "
+                          "encoder, as the fast step's; CPU and float32 models only; about half the encoder's time "
+                          "here)"},
     )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
@@ -88,11 +89,8 @@ class LatticeTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        if self.cfg.lattice_base_checkpoint and not from_checkpoint:
-            if not isinstance(model, LatticeTransformerModel):
-                raise ValueError("--lattice-base-checkpoint needs --arch lattice_transformer*")
-            warm_start_unless_resuming(cfg, self.cfg.lattice_base_checkpoint, "--lattice-base-checkpoint",
-                                       model.load_base_checkpoint)
+        warm_start_built_model(model, cfg, from_checkpoint, self.cfg.lattice_base_checkpoint,
+                               "--lattice-base-checkpoint", LatticeTransformerModel, "lattice_transformer*")
         return model
 
     def begin_valid_epoch(self, epoch, model):
@@ -117,7 +115,7 @@ class LatticeTranslationTask(TranslationTask):
                         prefix_allowed_tokens_fn=None):
         if not all(isinstance(model, LatticeTransformerModel) for model in models):
             names = ", ".join(sorted({type(model).__name__ for model in models}))
-            raise ValueError(f"--path: --task lattice_translation decodes a lattice_transformer, not {names} "
+            raise InputError(f"--path: --task lattice_translation decodes a lattice_transformer, not {names} "
                              "(decode other models with --task translation)")
         refuse_unsupported_generation_flags(args, "lattice decoding", extra={
             "--unkpen": getattr(args, "unkpen", 0) != 0,
@@ -140,13 +138,11 @@ class LatticeTranslationTask(TranslationTask):
             reason = int8_model_unsupported_reason(models[0]) or int8_encoder_unsupported_reason(models[0].encoder)
             if reason is not None:
                 raise InputError(f"--lattice-encoder-precision int8: {reason}")
+        options = generator_options(args, "nbest", "no_repeat_ngram_size")
+        del options["unk_penalty"]  # --unkpen is refused above: the lattice's edges are scored without it
         return LatticeGenerator(
             models, self.target_dictionary, self.candidate_table().to(device), k=self.cfg.lattice_k,
             length_delta=self.cfg.lattice_length_delta, normalization=str(self.cfg.lattice_normalize),
-            nbest=getattr(args, "nbest", 1), lenpen=getattr(args, "lenpen", 1.0),
-            normalize_scores=not getattr(args, "unnormalized", False), max_len_a=getattr(args, "max_len_a", 0),
-            max_len_b=getattr(args, "max_len_b", 200), min_len=getattr(args, "min_len", 1),
             hoist=not self.cfg.lattice_no_hoist, precision=precision, encoder_precision=encoder_precision,
-            mass=self.cfg.lattice_mass, no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0),
-            beam=self.cfg.lattice_beam,
+            mass=self.cfg.lattice_mass, beam=self.cfg.lattice_beam, **options,
         )

@@ -13,7 +13,7 @@ from typing import List, NamedTuple, Tuple
 import torch
 from torch import Tensor
 
-from .. import native
+from ..kernels import native
 
 
 class LatticePath(NamedTuple):

@@ -4,9 +4,9 @@ import os
 
 from fairseq.data import Dictionary
 
-from ..candidates import Shortlist, read_lexical_table
-from ..common.prepared import binarized_dir
+from ..kernels.shortlist import Shortlist, read_lexical_table
 from ..common.textio import InputError, non_negative_int, positive_int
+from ..tools.prepared import binarized_dir
 
 
 def add_shortlist_parser(subparsers):

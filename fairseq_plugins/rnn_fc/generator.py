@@ -4,8 +4,9 @@ candidate lists, int8 matmuls and early stopping; for rnn_fc models also the exa
 
 from typing import Optional
 
-from ..candidates import Shortlist
 from ..common.beam_search import BeamSearchGenerator
+from ..common.textio import InputError
+from ..kernels.shortlist import Shortlist
 from .model import RnnFcModel
 from .steppers import SPEEDUPS, FairseqStepper, RnnFcStepper
 
@@ -17,13 +18,13 @@ class RnnFcGenerator(BeamSearchGenerator):
                  precision: str = "fp32", shortlist: Optional[Shortlist] = None,
                  early_stop_delta: Optional[float] = None, **search_args):
         if len(models) != 1:
-            raise ValueError("rnn_fc decoding takes one model (no ensembles)")
+            raise InputError("rnn_fc decoding takes one model (no ensembles)")
         model = models[0]
         if isinstance(model, RnnFcModel):
             stepper = RnnFcStepper(model, speedups, precompute_words, precision)
         else:
             if set(speedups) != set(SPEEDUPS):
-                raise ValueError(f"--rnn-fc-speedups: the exact speedups are rnn_fc's own; {type(model).__name__} "
+                raise InputError(f"--rnn-fc-speedups: the exact speedups are rnn_fc's own; {type(model).__name__} "
                                  "takes candidate lists, int8 and early stopping only")
             stepper = FairseqStepper(model, precision)
         settings = {"speedups": sorted(speedups) if isinstance(model, RnnFcModel) else [], "precision": precision,

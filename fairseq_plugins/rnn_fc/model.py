@@ -43,7 +43,7 @@ from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqI
 from fairseq.models.transformer import TransformerEncoder, base_architecture as transformer_base_architecture
 from fairseq.modules import FairseqDropout
 
-from ..baseline.model import _default
+from ..common.presets import set_default
 from ..common.textio import InputError
 from ..common.warm_start import warm_start
 
@@ -151,7 +151,7 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
         self.context_proj = nn.Linear(encoder_dim, 3 * hidden, bias=False)
         self.layout = args.rnn_fc_fc_layout
         if self.layout not in FC_LAYOUTS:
-            raise ValueError(f"--rnn-fc-fc-layout {self.layout}: choose one of {', '.join(FC_LAYOUTS)}")
+            raise InputError(f"--rnn-fc-fc-layout {self.layout}: choose one of {', '.join(FC_LAYOUTS)}")
         layers, width = args.rnn_fc_fc_layers, args.rnn_fc_fc_dim
         self.fc_dropout = FairseqDropout(args.rnn_fc_fc_dropout, module_name=self.__class__.__name__)
         self.fc_input = self.fc_norms = self.fc_final_norm = None
@@ -167,7 +167,7 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
                 self.fc_final_norm = nn.LayerNorm(width)
             top_in = width if layers else hidden + encoder_dim
         if args.rnn_fc_fc_init not in FC_INITS:
-            raise ValueError(f"--rnn-fc-fc-init {args.rnn_fc_fc_init}: choose one of {', '.join(FC_INITS)}")
+            raise InputError(f"--rnn-fc-fc-init {args.rnn_fc_fc_init}: choose one of {', '.join(FC_INITS)}")
         he_init = args.rnn_fc_fc_init == "he"
         if he_init and self.fc_input is not None:
             nn.init.xavier_uniform_(self.fc_input.weight)
@@ -178,7 +178,7 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
         self.activation_clip = args.rnn_fc_activation_clip
         self.top = args.rnn_fc_top
         if self.top not in TOP_LAYERS:
-            raise ValueError(f"--rnn-fc-top {self.top}: choose one of {', '.join(TOP_LAYERS)}")
+            raise InputError(f"--rnn-fc-top {self.top}: choose one of {', '.join(TOP_LAYERS)}")
         out_dim = args.decoder_output_dim
         if self.top == "tanh":
             self.top_layer = nn.Linear(top_in, out_dim)
@@ -189,7 +189,7 @@ class RnnFcDecoder(FairseqIncrementalDecoder):
             self.top_layer = nn.GRU(top_in, out_dim)
         if args.share_decoder_input_output_embed:
             if out_dim != embed_dim:
-                raise ValueError(f"--share-decoder-input-output-embed needs --decoder-output-dim ({out_dim}) "
+                raise InputError(f"--share-decoder-input-output-embed needs --decoder-output-dim ({out_dim}) "
                                  f"== --decoder-embed-dim ({embed_dim})")
             self.output_projection = nn.Linear(out_dim, len(dictionary), bias=False)
             self.output_projection.weight = embed_tokens.weight
@@ -385,14 +385,14 @@ class RnnFcModel(FairseqEncoderDecoderModel):
         encoder_embed = _embedding(src_dict, args.encoder_embed_dim)
         if args.share_all_embeddings:
             if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings needs a joint dictionary (the same dict for both sides)")
+                raise InputError("--share-all-embeddings needs a joint dictionary (the same dict for both sides)")
             if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+                raise InputError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
             decoder_embed = encoder_embed
         else:
             decoder_embed = _embedding(tgt_dict, args.decoder_embed_dim)
         if args.rnn_fc_encoder not in ENCODERS:
-            raise ValueError(f"--rnn-fc-encoder {args.rnn_fc_encoder}: choose one of {', '.join(ENCODERS)}")
+            raise InputError(f"--rnn-fc-encoder {args.rnn_fc_encoder}: choose one of {', '.join(ENCODERS)}")
         encoder_cls = RnnFcTransformerEncoder if args.rnn_fc_encoder == "transformer" else RnnFcEncoder
         encoder = encoder_cls(args, src_dict, encoder_embed)
         decoder = RnnFcDecoder(args, tgt_dict, decoder_embed, encoder.output_dim)
@@ -450,7 +450,7 @@ class RnnFcModel(FairseqEncoderDecoderModel):
 # ---- presets ------------------------------------------------------------------------------------------
 def _set(args, **values):
     for name, value in values.items():
-        _default(args, name, value)
+        set_default(args, name, value)
 
 
 @register_model_architecture("rnn_fc", "rnn_fc")

@@ -21,10 +21,10 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from ..candidates import output_layer_of
 from ..common.beam_search import flat_rows, unique_rows
 from ..common.dictionaries import ids_by_count
-from ..int8 import int8_copy
+from ..kernels.int8 import int8_copy
+from ..kernels.output_layer import output_layer_of
 
 logger = logging.getLogger(__name__)
 

@@ -12,13 +12,14 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..common.generation import refuse_unsupported_generation_flags
+from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.textio import InputError
-from ..common.warm_start import warm_start_unless_resuming
+from ..common.warm_start import warm_start_built_model
+from ..kernels.int8 import int8_model_unsupported_reason
+from ..kernels.precision import PRECISIONS
+from ..kernels.shortlist import TaskCandidateLists
 from .generator import RnnFcGenerator
 from .model import RnnFcModel
-from ..candidates import PRECISIONS, TaskCandidateLists
-from ..int8 import int8_model_unsupported_reason
 from .steppers import SPEEDUPS
 
 
@@ -32,7 +33,7 @@ def parse_speedups(value: str):
     names = tuple(name.strip() for name in value.split(",") if name.strip())
     unknown = [name for name in names if name not in SPEEDUPS]
     if unknown or not names:
-        raise ValueError(f"--rnn-fc-speedups {value}: give all, none, or a comma-separated subset of "
+        raise InputError(f"--rnn-fc-speedups {value}: give all, none, or a comma-separated subset of "
                          f"{', '.join(SPEEDUPS)}")
     return names
 
@@ -80,12 +81,8 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        path = self.cfg.rnn_fc_base_checkpoint
-        if path and not from_checkpoint:
-            flag = "--rnn-fc-base-checkpoint"
-            if not isinstance(model, RnnFcModel):
-                raise InputError(f"{flag} needs --arch rnn_fc* (the model built is a {type(model).__name__})")
-            warm_start_unless_resuming(cfg, path, flag, lambda path: model.load_base_checkpoint(path, flag))
+        warm_start_built_model(model, cfg, from_checkpoint, self.cfg.rnn_fc_base_checkpoint, "--rnn-fc-base-checkpoint",
+                               RnnFcModel, "rnn_fc*")
         return model
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
@@ -98,10 +95,7 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
             raise InputError(f"--rnn-fc-precompute-words {self.cfg.rnn_fc_precompute_words}: must not be negative")
         if self.cfg.rnn_fc_early_stop and self.cfg.rnn_fc_delta < 0:
             raise InputError(f"--rnn-fc-delta {self.cfg.rnn_fc_delta}: must not be negative")
-        try:
-            speedups = parse_speedups(self.cfg.rnn_fc_speedups)
-        except ValueError as e:
-            raise InputError(str(e)) from None
+        speedups = parse_speedups(self.cfg.rnn_fc_speedups)
         device = next(models[0].parameters()).device
         reason = (int8_model_unsupported_reason(models[0], "fbgemm's int8 kernels")
                   if str(self.cfg.rnn_fc_precision) == "int8" else None)
@@ -109,12 +103,8 @@ class RnnFcTranslationTask(TaskCandidateLists, TranslationTask):
             raise InputError(f"--rnn-fc-precision int8: {reason}")
         shortlist = self.shortlist()
         return RnnFcGenerator(
-            models, self.target_dictionary, beam=getattr(args, "beam", 6), speedups=speedups,
-            precompute_words=self.cfg.rnn_fc_precompute_words, precision=str(self.cfg.rnn_fc_precision),
-            shortlist=None if shortlist is None else shortlist.to(device),
+            models, self.target_dictionary, speedups=speedups, precompute_words=self.cfg.rnn_fc_precompute_words,
+            precision=str(self.cfg.rnn_fc_precision), shortlist=None if shortlist is None else shortlist.to(device),
             early_stop_delta=self.cfg.rnn_fc_delta if self.cfg.rnn_fc_early_stop else None,
-            max_len_a=getattr(args, "max_len_a", 0), max_len_b=getattr(args, "max_len_b", 200),
-            min_len=getattr(args, "min_len", 1), lenpen=getattr(args, "lenpen", 1.0),
-            normalize_scores=not getattr(args, "unnormalized", False), unk_penalty=getattr(args, "unkpen", 0.0),
-            nbest=getattr(args, "nbest", 1),
+            **generator_options(args, "beam", "nbest", beam=6),
         )

@@ -10,7 +10,7 @@ import os
 import random
 from typing import List, Tuple
 
-from .textio import write_lines
+from ..common.textio import write_lines
 
 _NOUNS = "dog cat man woman child bird horse boy girl car ball tree house river bike street hat dress table cup".split()
 _ADJECTIVES = "red small big old young green happy tall blue white".split()

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator, List, Optional
 
-from .textio import (InputError, decode_lines, give_default_mode, non_negative_int, positive_int, read_lines,
+from ..common.textio import (InputError, decode_lines, give_default_mode, non_negative_int, positive_int, read_lines,
                      read_parallel, write_lines)
 from .tokenization import VISIBLE_SPACE, CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 
@@ -381,7 +381,7 @@ def add_prepare_parser(subparsers):
         "prepare",
         help="raw parallel text -> SentencePiece or character tokens -> fairseq-preprocess binaries",
         description="Tokenise a raw parallel corpus (Multi30k layout: train.L, val.L, test_2016_flickr.L) "
-        "and binarise it with fairseq-preprocess into OUT/bin. See fairseq_plugins/common/prepared.py.",
+        "and binarise it with fairseq-preprocess into OUT/bin. See fairseq_plugins/tools/prepared.py.",
     )
     p.add_argument("raw_dir", help="directory of raw text files <split>.<lang>")
     p.add_argument("out_dir", help="output directory (built aside, renamed into place when complete)")
@@ -432,7 +432,7 @@ def add_prepare_lm_parser(subparsers):
         "prepare-lm",
         help="raw text -> character tokens -> fairseq-preprocess binaries for --task language_modeling",
         description="One token per character (spaces as a visible symbol), one sample line per text line with "
-        "fairseq's EOS standing for the newline. See prepare_lm in fairseq_plugins/common/prepared.py.",
+        "fairseq's EOS standing for the newline. See prepare_lm in fairseq_plugins/tools/prepared.py.",
     )
     p.add_argument("train", help="training text file")
     p.add_argument("valid", help="validation text file")

@@ -1,6 +1,6 @@
-"""The output layer of a decoder step over the whole vocabulary or over each sentence's candidate list, in
-float32 or int8 (the rows of a list keep the full int8 matrix's values and scales, so a list's logits are the
-full matrix's logits of those ids)."""
+"""The output layer of a decoder step over the whole vocabulary or over each sentence's candidate list
+(``shortlist.Shortlist``), in float32 or int8 (the rows of a list keep the full int8 matrix's values and scales,
+so a list's logits are the full matrix's logits of those ids). Used by the fast step and rnn_fc's steppers."""
 
 from typing import Optional
 
@@ -8,18 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.packed_linear import PackedLinear
-from ..int8 import Int8Matrix
-
-PRECISIONS = ("fp32", "int8")
+from ..common.textio import InputError
+from .int8 import Int8Matrix
+from .packed_linear import PackedLinear
+from .precision import check_precision
 
 
 class OutputLayer:
     """Logits over the vocabulary or a candidate list: x W^T (+ b), W (V, d) the model's softmax weights."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], precision: str = "fp32"):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        check_precision(precision)
         self.weight, self.bias, self.precision = weight.detach(), None if bias is None else bias.detach(), precision
         # A candidate list's int8 rows (and row scales) are the full int8 matrix's rows.
         self.full_int8 = Int8Matrix(self.weight, bias=self.bias) if precision == "int8" else None
@@ -82,6 +81,6 @@ class OutputLayer:
 def output_layer_of(model, precision: str) -> OutputLayer:
     projection = getattr(model.decoder, "output_projection", None)
     if not isinstance(projection, nn.Linear):
-        raise ValueError(f"{type(model.decoder).__name__} has no output_projection Linear layer (e.g. an adaptive "
+        raise InputError(f"{type(model.decoder).__name__} has no output_projection Linear layer (e.g. an adaptive "
                          "softmax): candidate lists and int8 need one")
     return OutputLayer(projection.weight, projection.bias, precision)

@@ -3,7 +3,7 @@ interface (``from_pretrained(..., bpe="char")``), so a character model translate
 
 fairseq's own ``--bpe characters`` is registered without a config, so fairseq-interactive and -generate stop
 with "Could not find 'bpe/characters'"; it also splits whitespace other than a space into tokens fairseq
-drops. This one is :class:`~fairseq_plugins.common.tokenization.CharTokenizer`, the exact tokens of prepared
+drops. This one is :class:`~fairseq_plugins.tools.tokenization.CharTokenizer`, the exact tokens of prepared
 data (a space as "▁", other whitespace as ``<U+XXXX>``) and their exact inverse.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
-from .tokenization import CharTokenizer
+from ..tools.tokenization import CharTokenizer
 
 
 @dataclass

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Dict, List, Optional
 
-from .textio import InputError
+from ..common.textio import InputError
 
 VISIBLE_SPACE = "\u2581"  # "▁", the symbol SentencePiece also uses for a word boundary
 # fairseq splits lines on any whitespace, so whitespace other than " " becomes an escape token.

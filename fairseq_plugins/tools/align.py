@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from .progress import progress_bar
-from .textio import InputError, atomic_output, positive_int, read_parallel
+from ..common.progress import progress_bar
+from ..common.textio import InputError, atomic_output, positive_int, read_parallel
 
 BACKENDS = ("systran", "fast_align")
 BACKEND_STEPS = {"systran": 2, "fast_align": 3}  # the _step calls of each, the length of its progress bar

@@ -1,4 +1,4 @@
-"""Attention arithmetic for many small CPU problems (registers nothing): a float32 softmax that stays on torch's
+"""Attention arithmetic for many small CPU problems: a float32 softmax that stays on torch's
 vectorised path for short rows, and attention as fairseq's incremental decoder computes it.
 
 Measured here (one thread): torch's CPU softmax over a last dimension shorter than 16 takes a scalar path,

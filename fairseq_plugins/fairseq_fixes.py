@@ -11,6 +11,8 @@ import os
 import numpy as np
 import torch
 
+from .common.textio import InputError
+
 logger = logging.getLogger(__name__)
 
 
@@ -138,7 +140,7 @@ def _switch_task(cfg, name: str) -> None:
     from omegaconf import open_dict
 
     if name not in TASK_DATACLASS_REGISTRY:
-        raise ValueError(f"task={name!r}: no such fairseq task (a plugin task needs user_dir=, or "
+        raise InputError(f"task={name!r}: no such fairseq task (a plugin task needs user_dir=, or "
                          "`import fairseq_plugins` first)")
     task_cfg = merge_with_parent(TASK_DATACLASS_REGISTRY[name](), copy.deepcopy(cfg.task), remove_missing=True)
     with open_dict(cfg):
@@ -301,8 +303,6 @@ def _saving_last_mid_epoch(original):
 
 
 def _save_last_updates() -> int:
-    from .textio import InputError
-
     value = os.environ.get(SAVE_LAST_UPDATES_ENV, "").strip() or "0"
     if not value.isdigit():
         raise InputError(f"{SAVE_LAST_UPDATES_ENV}={value!r}: expected a whole number of updates (0: off)")

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .textio import InputError, positive_int
+from ..common.textio import InputError, positive_int
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")

@@ -9,13 +9,13 @@ step is bound by reading the weights, so the engine reads each weight once a ste
 - self-attention keys and values in preallocated caches (rows, heads, length, head_dim), written in place and
   reordered by index over the filled positions only;
 - the fused q/k/v projection of self-attention (one weight pass instead of three), and attention as two
-  matmuls and a softmax over the filled positions (``common.attention``: faster than
+  matmuls and a softmax over the filled positions (``kernels.attention``: faster than
   ``scaled_dot_product_attention`` on a beam's many small problems, and fairseq's own arithmetic);
 - the cross-attention keys and values projected once a sentence; reordered only when the rows change
   sentences (a beam's hypotheses share their sentence's source);
-- optionally int8 weights with per-row activation scales (``fairseq_plugins.int8``: a row's result does not
-  depend on the batch); on the native int8 kernel each layer runs as one call (kernel.c's
-  fp_decoder_layer_step: the ~30 small torch operations of a layer cost more than its int8 arithmetic).
+- optionally int8 weights with per-row activation scales (``kernels.int8``: a row's result does not
+  depend on the batch); on the native kernels each layer runs as one call (``fp_decoder_layer_step``,
+  native/layer_step.c: the ~30 small torch operations of a layer cost more than its int8 arithmetic).
 
 The arithmetic of a row is fairseq's (the same operations; the fused projection, the attention kernel and
 the preallocated caches change the memory layout and the summation order only), so float32 logits agree
@@ -24,17 +24,19 @@ refuses such a decoder rather than compute something else.
 """
 
 import copy
-from typing import Callable, Dict, List, Optional
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..candidates import PRECISIONS, OutputLayer
-from ..common.attention import attention
-from ..common.packed_linear import PackedLinear
-from .. import native
-from ..int8 import Int8Matrix
+from . import native
+from .attention import attention
+from .int8 import Int8Matrix, int8_encoder
+from .output_layer import OutputLayer
+from .packed_linear import PackedLinear
+from .precision import linear_of
 
 
 # The native layer's float32 products are the faster ones at a few rows; from about a dozen rows on (a beam of
@@ -83,15 +85,6 @@ def unsupported_reason(decoder: nn.Module, features_only: bool = False) -> Optio
     return None
 
 
-def linear_of(weight: Tensor, bias: Optional[Tensor], precision: str) -> Callable[[Tensor], Tensor]:
-    """x (rows, in) -> x W^T + b at ``precision``: float32 (packed for few rows) or int8 with per-row scales."""
-    weight = weight.detach()
-    bias = None if bias is None else bias.detach()
-    if precision == "fp32":
-        return PackedLinear(weight, bias)
-    return Int8Matrix(weight, bias=bias)
-
-
 def _layer_norm(module: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
     if module is None:
         return None
@@ -133,7 +126,7 @@ class _Layer:
         self.native = self._native_layer(layer)
 
     def _native_layer(self, layer) -> Optional["native.DecoderLayer"]:
-        """The whole layer as one call of the native kernels (fairseq_plugins/native), where they implement it:
+        """The whole layer as one call of the native kernels (``kernels/native``), where they implement it:
         float32 matrices, or int8 ones on the native backend; relu or gelu; affine layer norms."""
         from fairseq.modules import gelu
 
@@ -182,8 +175,6 @@ class FastDecoderStep:
     """
 
     def __init__(self, decoder: nn.Module, precision: str = "fp32", fused: bool = True, features_only: bool = False):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision}: choose one of {', '.join(PRECISIONS)}")
         reason = unsupported_reason(decoder, features_only)
         if reason is not None:
             raise ValueError(f"the fast decoder step does not support this model: {reason}")
@@ -511,3 +502,38 @@ class FastDecoderStep:
         sentences = self.output.candidates.size(0) if self.output.candidates is not None else 1
         logits = self.output(features.view(sentences, -1, features.size(-1)))
         return logits.view(features.size(0), -1)
+
+
+# model -> {(precision, features_only): (the parameters' fingerprint, engine, encoder)}: what fast_step_parts built
+# for a loaded model, reused by every generator built on it (fairseq's hub interface builds one a translate call);
+# and model -> its parameters, listed once (walking the modules at every call cost more than the check).
+_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PARAMETERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _parameters_fingerprint(model) -> Tuple:
+    """Changes when a parameter's data is replaced, moved, cast or written in place (training,
+    ``load_state_dict``, ``half()``, ``to()``): then the engine's copies of the weights are stale."""
+    parameters = _PARAMETERS.get(model)
+    if parameters is None:
+        parameters = _PARAMETERS[model] = list(model.parameters())
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
+
+
+def fast_step_parts(model, precision: str, features_only: bool = False):
+    """The decoder step and the encoder the fast step runs for ``model`` (``features_only``: see
+    ``FastDecoderStep``). With int8 the encoder is a copy whose matrices are int8 (it runs once a sentence,
+    but at batch 1 that was a third of a sentence's int8 time in float32).
+
+    Built once per loaded model and precision: a later call, while the model's parameters are unchanged, gets an
+    engine sharing the prepared weights (``FastDecoderStep.sharing_weights``) and the same encoder, so a
+    ``hub.translate`` call (a new generator each time) costs what a generator built once does."""
+    key, fingerprint = (precision, features_only), _parameters_fingerprint(model)
+    built = _BUILT.setdefault(model, {}).get(key)
+    if built is not None and built[0] == fingerprint:
+        return built[1].sharing_weights(), built[2]
+    # (an inference copy: evaluation mode whatever mode the model is in when the generator is built)
+    encoder = int8_encoder(model.encoder).eval() if precision == "int8" else model.encoder
+    engine = FastDecoderStep(model.decoder, precision, features_only=features_only)
+    _BUILT[model][key] = (fingerprint, engine, encoder)
+    return engine.sharing_weights(), encoder

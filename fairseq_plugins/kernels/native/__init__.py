@@ -1,16 +1,18 @@
-"""Native kernels (kernel.c) for decoder steps at batch 1 and beams: int8 and float32 matrix products of a few
-rows, a whole transformer decoder layer's incremental step, and a ByteNet stack's decoding step; compiled once per
-machine with the system's C compiler, loaded with ctypes. Registers nothing; used by ``fairseq_plugins.int8``, the
-fast step and ByteNet's decoder.
+"""The native kernels (C, beside this file), loaded with ctypes: int8 and float32 matrix products of a few rows
+(products.c), a transformer decoder layer's incremental step and an encoder layer over one sentence
+(layer_step.c), beam search over a scored lattice (lattice_search.c), a ByteNet stack's decoding step
+(bytenet_step.c) and a sentence's whole greedy or beam search over a transformer decoder (search.c); kernels.h
+declares the structs that ``Matrix``, ``DecoderLayer``, ``ByteNetBlock`` and ``Decoder`` mirror
+(tests/test_native_layout.py holds them to the compiled layout). Registers nothing; used by the int8 matrices,
+the packed products, the decoder step and its searches, ByteNet's decoder and the lattice's beam search.
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and
-nothing is built at install time: the first user builds it into ``$FAIRSEQ_PLUGINS_CACHE`` (default
-``~/.cache/fairseq_plugins``), under a name that covers the source, the compiler and its flags (-mavx2
-where the CPU has AVX2), written aside and renamed, so concurrent processes never load a half-written
-library. Where no compiler
-works, int8 matrices fall back to torch's fbgemm kernel (same per-row semantics, slower at few rows) with
-one warning, and the fast step runs its layers as torch operations; ``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces the
-int8 fallback.
+nothing is built at install time: the first user builds one shared library into ``$FAIRSEQ_PLUGINS_CACHE``
+(default ``~/.cache/fairseq_plugins``), under a name that covers every source file and the header, the compiler
+and its flags (-mavx2 where the CPU has AVX2), written aside and renamed, so concurrent processes never load a
+half-written library. Where no compiler works, int8 matrices fall back to torch's fbgemm kernel (same per-row
+semantics, slower at few rows) with one warning, and the fast step runs its layers as torch operations;
+``FAIRSEQ_PLUGINS_INT8=fbgemm`` forces the int8 fallback.
 """
 
 import ctypes
@@ -20,14 +22,18 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import NamedTuple, Optional, Set
+from typing import Dict, NamedTuple, Optional, Set
 
 import torch
 from torch import Tensor
 
+from ...common.textio import InputError
+
 logger = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.c")
+SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
+HEADER = "kernels.h"
+SOURCES = ("products.c", "layer_step.c", "lattice_search.c", "bytenet_step.c", "search.c", "layout.c")
 # The weight rows are zero padded to a multiple of this many bytes (one AVX2 register).
 ALIGN = 32
 BACKEND_VARIABLE = "FAIRSEQ_PLUGINS_INT8"
@@ -69,8 +75,12 @@ def _build() -> str:
     if compiler is None:
         raise RuntimeError("no C compiler (cc, gcc or $CC) found")
     flags = _flags()
-    with open(SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read() + " ".join([compiler] + flags).encode()).hexdigest()[:16]
+    sources = [os.path.join(SOURCE_DIR, name) for name in SOURCES]
+    digest = hashlib.sha256()
+    for path in sources + [os.path.join(SOURCE_DIR, HEADER)]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    key = hashlib.sha256(digest.digest() + " ".join([compiler] + flags).encode()).hexdigest()[:16]
     cache = os.environ.get("FAIRSEQ_PLUGINS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                                     "fairseq_plugins")
     path = os.path.join(cache, f"kernels-{key}.so")
@@ -80,9 +90,10 @@ def _build() -> str:
     handle, aside = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(handle)
     try:
-        result = subprocess.run([compiler, *flags, SOURCE, "-o", aside, "-lm"], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, *sources, "-o", aside, "-lm"], capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} {' '.join(flags)} {SOURCE} failed: {result.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{compiler} {' '.join(flags)} {' '.join(SOURCES)} in {SOURCE_DIR} failed: "
+                               f"{result.stderr.strip()[-500:]}")
         os.replace(aside, path)
     finally:
         if os.path.exists(aside):
@@ -130,6 +141,9 @@ def available() -> bool:
                                                pointer, pointer, pointer, pointer, pointer, pointer, pointer,
                                                pointer, pointer]
             library.fp_beam_search.restype = size
+            library.fp_struct_layout.argtypes = [size, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                                                 ctypes.POINTER(size)]
+            library.fp_struct_layout.restype = ctypes.c_int
             _library = library
         except (OSError, RuntimeError) as error:
             _failure = str(error)
@@ -140,16 +154,16 @@ def available() -> bool:
 
 
 def backend() -> str:
-    """The int8 kernel for int8 matrices made from now on: "native" (kernel.c) or "fbgemm" (torch's), by
+    """The int8 kernel for int8 matrices made from now on: "native" (products.c) or "fbgemm" (torch's), by
     $FAIRSEQ_PLUGINS_INT8 (default native) and whether the native one could be built."""
     wanted = os.environ.get(BACKEND_VARIABLE, "native")
     if wanted not in BACKENDS:
-        raise ValueError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
+        raise InputError(f"{BACKEND_VARIABLE}={wanted}: choose one of {', '.join(BACKENDS)}")
     return "native" if wanted == "native" and available() else "fbgemm"
 
 
 class Matrix(ctypes.Structure):
-    """kernel.c's fp_matrix: a float32 matrix's weights (out, in), or an int8 matrix's values (out, width) and
+    """kernels.h's fp_matrix: a float32 matrix's weights (out, in), or an int8 matrix's values (out, width) and
     row scales; the bias (or NULL) and the sizes."""
     _fields_ = [("weights", ctypes.c_void_p), ("values", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p),
@@ -163,7 +177,7 @@ LAYER_NORMS = ("self_norm", "cross_norm", "final_norm")
 
 
 class DecoderLayer(ctypes.Structure):
-    """kernel.c's fp_layer: one transformer decoder layer's int8 matrices, layer norms and settings."""
+    """kernels.h's fp_layer: one transformer decoder layer's int8 matrices, layer norms and settings."""
     _fields_ = ([(name, Matrix) for name in LAYER_MATRICES]
                 + [(f"{name}_{part}", ctypes.c_void_p) for name in LAYER_NORMS for part in ("weight", "bias")]
                 + [(f"{name}_eps", ctypes.c_float) for name in LAYER_NORMS] + [("scaling", ctypes.c_float)]
@@ -520,7 +534,7 @@ def lattice_beam_search(transitions: Tensor, ends: Tensor, allowed: Tensor, toke
 
 
 class ByteNetBlock(ctypes.Structure):
-    """kernel.c's fp_relu_block: one ByteNet ReLU residual block's layer norms, 1x1 products and dilated
+    """kernels.h's fp_relu_block: one ByteNet ReLU residual block's layer norms, 1x1 products and dilated
     convolution, float32."""
     _fields_ = ([(f"norm_{name}_{part}", ctypes.c_void_p) for name in ("in", "mid", "out")
                  for part in ("weight", "bias")]
@@ -569,3 +583,21 @@ class ReLUBlocksStepper(_Scratch):
         pointers = (ctypes.c_void_p * len(pasts))(*[p.data_ptr() for p in pasts])
         _library.fp_relu_blocks_frame_step(self.structs, len(pasts), x.data_ptr(), rows, pointers,
                                            self.scratch.data_ptr())
+
+
+# Each ctypes mirror of a kernels.h struct, by its C name.
+STRUCTS = {"fp_matrix": Matrix, "fp_layer": DecoderLayer, "fp_relu_block": ByteNetBlock, "fp_decoder": Decoder}
+
+
+def struct_layout() -> Dict[str, Dict[Optional[str], int]]:
+    """The compiled library's layout of its structs: C name -> {field name: offset, None: the struct's size}."""
+    if not available():
+        raise RuntimeError(f"the native kernels are not built: {_failure}")
+    layout: Dict[str, Dict[Optional[str], int]] = {}
+    type_name, field_name, value = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_int64()
+    index = 0
+    while _library.fp_struct_layout(index, ctypes.byref(type_name), ctypes.byref(field_name), ctypes.byref(value)):
+        field = None if field_name.value is None else field_name.value.decode()
+        layout.setdefault(type_name.value.decode(), {})[field] = value.value
+        index += 1
+    return layout

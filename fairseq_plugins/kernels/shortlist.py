@@ -1,5 +1,6 @@
-"""Candidate lists (Devlin 2017; Marian's lexical shortlists): the softmax of a sentence runs over the top-N
-translations of each of its source tokens plus the most frequent target tokens, not the whole vocabulary.
+"""Candidate lists (Devlin 2017; Marian's lexical shortlists) for any fairseq decoder: the softmax of a sentence
+runs over the top-N translations of each of its source tokens plus the most frequent target tokens, not the
+whole vocabulary (``output_layer.OutputLayer``, float32 or int8). Used by rnn_fc and the fast step.
 
 ``fairseq-plugins shortlist`` builds a ``Shortlist`` from an aligner's lexical table (``fairseq-plugins align
 --lexical-table``, or fast_align's own ``-p`` file) and the data's dictionaries; the file records both

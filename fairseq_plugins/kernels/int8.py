@@ -1,5 +1,23 @@
-"""int8 weight matrices with per-row activation scales (see the package docstring), and the modules that use
-them: ``Int8Linear`` for ``nn.Linear``, ``Int8GRU`` for a one-layer unidirectional ``nn.GRU``."""
+"""int8 matmuls for any fairseq model on CPU, with results that do not depend on the batch.
+
+Weights are int8 with one scale per output row; activations are quantized with one scale per input row
+(per token), as int8 inference engines do, so a row's result is the same at batch 1 and batch 64.
+
+Two kernels compute it. The native one (``kernels/native``: products.c, built at first use) rounds each row to
+int8 with its own symmetric scale and sums int8 products in int32 with AVX2 (VNNI where the CPU has it), reading
+each weight byte once a call; torch's dynamic-quantization kernel (fbgemm) quantizes, packs and dispatches at
+every call, which dominates at a few rows. The native kernels also run a whole transformer layer in one call
+(the fast step's int8 path, ``int8_encoder``'s layers). Where no C compiler is found, fbgemm computes the same
+per-row product: torch picks one activation range per call, so each row is first divided by its own largest
+magnitude, a guard row fixes the call's range to [-1, 1] whatever the other rows hold, and the product is
+multiplied back.
+
+``Int8Matrix`` is the product; the modules that use it: ``Int8Linear`` for ``nn.Linear``, ``Int8GRU`` for a
+one-layer unidirectional ``nn.GRU``, ``Int8EncoderSelfAttention`` and ``int8_encoder`` for a transformer
+encoder, ``int8_copy`` for a whole model. Registers nothing; used by the fast step (``--fast-step-precision
+int8``), rnn_fc's steppers (``--rnn-fc-precision int8``) and the lattice decoder
+(``--lattice-scorer-precision``, ``--lattice-encoder-precision``).
+"""
 
 import contextlib
 import copy
@@ -10,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import native
+from ..common.textio import InputError
+from . import native
 
 
 @contextlib.contextmanager
@@ -32,15 +51,15 @@ class Int8Matrix:
     """x W^T with W (rows, d) stored as int8, one scale per row; x in float32, any leading shape.
 
     ``scales`` fixes the row scales (a candidate list's rows keep the full matrix's scales, so its logits
-    are exactly the full int8 product's). The product runs on the native kernel (native.py: activations
-    rounded to int8 with one symmetric scale per row) or, where it cannot be built, on torch's fbgemm kernel
-    (activations scaled per row into a fixed range, see the package docstring)."""
+    are exactly the full int8 product's). The product runs on the native kernel (``kernels/native``:
+    activations rounded to int8 with one symmetric scale per row) or, where it cannot be built, on torch's
+    fbgemm kernel (activations scaled per row into a fixed range, see the module docstring)."""
 
     def __init__(self, weight: Tensor, scales: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                  backend: Optional[str] = None):
         weight = weight.detach().float().contiguous()
         if weight.device.type != "cpu":
-            raise ValueError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
+            raise InputError("int8 matrices run on the CPU only (fbgemm's kernels); decode with --cpu")
         self.rows, self.dim = weight.shape
         self.scales = row_scales(weight) if scales is None else scales.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -248,13 +267,13 @@ def _native_int8_encoder(encoder: nn.Module, training: bool) -> "NativeInt8Encod
 
 
 class NativeInt8Encoder(nn.Module):
-    """``int8_encoder``'s encoder with each layer run as one call of kernel.c's ``fp_encoder_layer`` per sentence
+    """``int8_encoder``'s encoder with each layer run as one call of the native ``fp_encoder_layer`` (layer_step.c) per sentence
     (its tokens only, so a sentence's output does not depend on its batch-mates or their padding). The
     embeddings, the final layer norm and the output dictionary are fairseq's; at padded positions the output is
     zero before the final layer norm (fairseq's is never read there: the padding mask goes with it). Other
     attributes are the int8 copy's (``padding_idx``, ``embed_tokens``, ...); in training mode, with
     ``return_all_hiddens`` or on a GPU it runs that copy's torch layers. At a sentence's 10-30 rows a layer's
-    ~25 torch operations cost about as much as its int8 products (measured: 3 layers, 15 tokens)."""
+    ~25 torch operations cost about as much as its int8 products."""
 
     def __init__(self, encoder: nn.Module):
         super().__init__()

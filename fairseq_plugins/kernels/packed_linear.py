@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import native
+from . import native
 
 # The row count oneDNN is told to expect; measured to serve 2-80 rows well (5: beam 5, batch 1).
 PACKING_ROWS_HINT = 16

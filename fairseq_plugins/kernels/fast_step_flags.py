@@ -1,0 +1,58 @@
+"""``--fast-step`` and ``--fast-step-precision`` for any task whose generator can run on the fast decoder step
+(``fast_step_translation``, ``blockwise_translation``, ``double_token_translation``): the flags as a config
+dataclass to extend, and the checks that turn a flag the model cannot take into an error naming it."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from ..common.textio import InputError
+from .decoder_step import unsupported_reason
+from .int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
+from .precision import PRECISIONS, check_precision
+
+
+@dataclass
+class FastStepConfig(FairseqDataclass):
+    """The fast step's flags, for any task whose generator can run on it."""
+
+    fast_step: bool = field(
+        default=False, metadata={"help": "decode with the fast decoder step (static caches, fused projections, "
+                                         "a decoder layer a kernel call; the task's search around it)"},
+    )
+    fast_step_precision: ChoiceEnum(list(PRECISIONS)) = field(
+        default="fp32", metadata={"help": "with --fast-step: fp32 (fairseq's outputs), or int8 weights with "
+                                          "per-row activation scales (CPU)"},
+    )
+
+
+def check_fast_step_model(model, precision: str, features_only: bool = False) -> None:
+    """InputError naming the flag where --fast-step (at ``precision``) cannot run ``model``."""
+    reason = unsupported_reason(model.decoder, features_only)
+    if reason is not None:
+        raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
+    reason = int8_model_unsupported_reason(model) if precision == "int8" else None
+    if reason is not None:
+        raise InputError(f"--fast-step-precision int8: {reason}")
+    reason = int8_encoder_unsupported_reason(model.encoder) if precision == "int8" else None
+    if reason is not None:
+        raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")
+
+
+def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:
+    """--fast-step-precision of a task's config with --fast-step, None without it (an InputError where the
+    precision is given without --fast-step)."""
+    precision = check_precision(str(cfg.fast_step_precision), "--fast-step-precision")
+    if cfg.fast_step:
+        return precision
+    if precision != "fp32":
+        raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop --fast-step-precision)")
+    return None
+
+
+def check_fast_step_models(models, precision: str) -> None:
+    """``check_fast_step_model`` for a task's --path models, of which --fast-step runs one."""
+    if len(models) != 1:
+        raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
+    check_fast_step_model(models[0], precision)
