@@ -1,4 +1,4 @@
-"""The fast step's whole search of a sentence in one native call (kernel.c fp_greedy_search, fp_beam_search):
+"""The fast step's whole search of a sentence in one native call (kernels/native/search.c fp_greedy_search, fp_beam_search):
 at batch 1 it gives, on every sentence of the tiny trained model, the hypotheses of the fast step's Python
 search (its greedy loop; fairseq's SequenceGenerator at beam > 1) token for token, every n-best list in
 fairseq's order, with scores equal to float rounding; in float32 and in int8; and it is what ran."""

@@ -1,5 +1,5 @@
 """Bad input to the lattice's IBM-2 tables and rnn_fc's candidate lists: a clear error naming the file, line or
-flag, before any work (the checks in lattice/ibm2.py and candidates/shortlist.py that no other test runs)."""
+flag, before any work (the checks in lattice/ibm2.py and kernels/shortlist.py that no other test runs)."""
 
 import os
 import re

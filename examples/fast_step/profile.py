@@ -8,7 +8,7 @@ log-softmax and fairseq's step rules, the cache reordering of a beam, and what i
 the search's bookkeeping (fairseq's SequenceGenerator at beam > 1, the fast step's own loop at greedy). The
 ctypes crossings are counted (native calls per token) and priced by a null ctypes call timed here. That is
 ``--search python``, the step-by-step search; ``--search native`` (the default path at batch 1) times the
-whole search of a sentence in one native call (kernel.c: decoder, output layer, log-softmax, search), whose
+whole search of a sentence in one native call (kernels/native/search.c: decoder, output layer, log-softmax, search), whose
 parts are not visible from Python, beside the encoder and the cross-attention keys and values. Then
 CTranslate2 (the same checkpoint converted by its fairseq converter, at --ctranslate2-compute-type) decodes the
 same sentences with the same beam and length limit; its time per token is the whole sentence's (its parts are

@@ -205,7 +205,7 @@ class FastDecoderStep:
         self.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
 
     def _native_decoder(self, decoder) -> Optional["native.Decoder"]:
-        """The whole decoder for kernel.c's one-call greedy search (``greedy_search``), where its parts are native:
+        """The whole decoder for the native one-call searches (native/search.c) (``greedy_search``), where its parts are native:
         every layer, float32 CPU embeddings, no projections around the layers, no embedding norm, and an output
         matrix of the native kernels (float32 CPU, or int8 on the native backend)."""
         if (self.native_layers is None or self.project_in is not None or self.project_out is not None

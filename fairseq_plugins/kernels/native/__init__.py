@@ -243,7 +243,7 @@ def encoder_layer(matrices, norms, heads: int, head_dim: int, scaling: float, no
 
 
 class Decoder(ctypes.Structure):
-    """kernel.c's fp_decoder: a transformer decoder's layers (fp_layer pointers), token and position embeddings,
+    """kernels.h's fp_decoder: a transformer decoder's layers (fp_layer pointers), token and position embeddings,
     final layer norm and output matrix, for ``fp_greedy_search``."""
     _fields_ = [("layers", ctypes.POINTER(ctypes.POINTER(DecoderLayer))), ("n_layers", ctypes.c_int64),
                 ("embed_tokens", ctypes.c_void_p), ("embed_scale", ctypes.c_float),
@@ -265,6 +265,9 @@ def decoder(layers, embed_tokens: Tensor, embed_scale: float, final_norm: Option
     if final_norm is not None:
         struct.final_norm_weight, struct.final_norm_bias = final_norm.weight.data_ptr(), final_norm.bias.data_ptr()
         struct.final_norm_eps = final_norm.eps
+    if len({(layer.heads, layer.head_dim) for layer in layers}) != 1:
+        raise ValueError("fp_decoder: layers with different numbers or sizes of heads")
+    struct.heads, struct.head_dim = layers[0].heads, layers[0].head_dim
     struct.widest_input = max([layer.widest_input for layer in layers] + [output.width])
     struct.widest_ffn = max(layer.fc1.out for layer in layers)
     return struct
@@ -343,6 +346,26 @@ class LayerStepper(_Scratch):
             self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal))
 
 
+def _check_search(decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values, rows: int,
+                  min_len: int, max_len: int, name: str):
+    """A whole search's tensors checked against the decoder (the C code trusts them: a mismatch would read or
+    write out of bounds, not raise), and its positions set on the struct. Returns (capacity, S, d)."""
+    capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
+    cache, source = (rows, decoder.heads, capacity, decoder.head_dim), (rows, decoder.heads, source_length,
+                                                                         decoder.head_dim)
+    if not (len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
+            and capacity > max_len >= min_len >= 0
+            and all(t.dtype == torch.float32 and t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values))
+            and all(t.shape == cache for t in (*keys, *values))
+            and all(t.shape == source for t in (*cross_keys, *cross_values))
+            and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
+                                       and positions.dim() == 2 and positions.size(1) == d))):
+        raise ValueError(f"{name}: tensors of unexpected shapes, types or layouts")
+    decoder.positions = None if positions is None else positions.data_ptr()
+    decoder.n_positions = 0 if positions is None else positions.size(0)
+    return capacity, source_length, d
+
+
 class GreedySearcher(_Scratch):
     """Runs ``fp_greedy_search``: a sentence's whole greedy search in one call, with its scratch buffers."""
 
@@ -351,19 +374,8 @@ class GreedySearcher(_Scratch):
         """keys/values: each layer's (1, heads, capacity, head_dim) cache, capacity > max_len; cross_keys/values:
         each layer's (1, heads, S, head_dim); positions: (n, d) float32, row t step t's position embedding, or
         None. Returns the tokens (end token included) and the cumulative score after each, as tensors."""
-        capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
-        # The C code trusts these shapes (a mismatch would read or write out of bounds, not raise).
-        if not (len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
-                and capacity > max_len >= min_len >= 0
-                and all(t.dtype == torch.float32 and t.is_contiguous() and t.size(0) == 1
-                        for t in (*keys, *values, *cross_keys, *cross_values))
-                and all(k.shape == keys[0].shape for k in (*keys, *values))
-                and all(k.shape == cross_keys[0].shape for k in (*cross_keys, *cross_values))
-                and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
-                                           and positions.dim() == 2 and positions.size(1) == d))):
-            raise ValueError("fp_greedy_search: tensors of unexpected shapes, types or layouts")
-        decoder.positions = None if positions is None else positions.data_ptr()
-        decoder.n_positions = 0 if positions is None else positions.size(0)
+        capacity, source_length, d = _check_search(decoder, positions, keys, values, cross_keys, cross_values, 1,
+                                                   min_len, max_len, "fp_greedy_search")
         self.reserve(d + decoder.vocab + 5 * d + decoder.widest_ffn + max(capacity, source_length), 1,
                      decoder.widest_input)
         tokens = torch.empty(max_len + 1, dtype=torch.int64)
@@ -392,19 +404,11 @@ class BeamSearcher(_Scratch):
         """keys/values: each layer's (beam, heads, capacity, head_dim) cache, capacity > max_len; cross_keys/values:
         each layer's (beam, heads, S, head_dim), every row the sentence's; positions as ``GreedySearcher``.
         Returns the finished hypotheses in the order fairseq finalises them: [(tokens, cumulative scores)]."""
-        capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
-        heads, head_dim = keys[0].size(1), keys[0].size(3)
-        if not (1 <= beam <= MAX_NATIVE_BEAM and capacity > max_len >= min_len >= 0
-                and len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
-                and all(t.dtype == torch.float32 and t.is_contiguous() and t.size(0) == beam
-                        for t in (*keys, *values, *cross_keys, *cross_values))
-                and all(k.shape == keys[0].shape for k in (*keys, *values))
-                and all(k.shape == cross_keys[0].shape for k in (*cross_keys, *cross_values))
-                and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
-                                           and positions.dim() == 2 and positions.size(1) == d))):
-            raise ValueError("fp_beam_search: tensors of unexpected shapes, types or layouts")
-        decoder.positions = None if positions is None else positions.data_ptr()
-        decoder.n_positions = 0 if positions is None else positions.size(0)
+        if not 1 <= beam <= MAX_NATIVE_BEAM:
+            raise ValueError(f"fp_beam_search: beam {beam} is not in 1..{MAX_NATIVE_BEAM}")
+        capacity, source_length, d = _check_search(decoder, positions, keys, values, cross_keys, cross_values, beam,
+                                                   min_len, max_len, "fp_beam_search")
+        heads, head_dim = decoder.heads, decoder.head_dim
         self.reserve(beam * (6 * d + decoder.vocab + decoder.widest_ffn) + 2 * beam
                      + max(capacity, source_length), beam, decoder.widest_input)
         if self.cache_copy.numel() < beam * heads * capacity * head_dim:
