@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import torch
 
@@ -177,7 +177,7 @@ def profile_ctranslate2(args, data, cfg, task, models, batches) -> Dict:
 def markdown(result: Dict) -> str:
     fast, reference = result["fast_step"], result["ctranslate2"]
     crossing_ms = 1000 * result["null_ctypes_call_seconds"] * fast["native_calls"] / fast["output_tokens"]
-    lines = [f"| part | ms per token | share |", "|---|---|---|"]
+    lines = ["| part | ms per token | share |", "|---|---|---|"]
     for name, ms in fast["ms_per_token"].items():
         lines.append(f"| {name} | {ms:.3f} | {100 * ms / fast['ms_per_token_total']:.0f}% |")
     lines.append(f"| **fast step {result['precision']}, total** | **{fast['ms_per_token_total']:.3f}** | 100% |")

@@ -7,12 +7,11 @@ model set", and refuses a result whose hashes are recorded but pinned nowhere. `
 the pinned files present on this machine and fails naming each model whose file no longer matches its pin.
 """
 
-import json
 import os
 import re
 from typing import Dict, List, Optional, Tuple
 
-from ..common.textio import InputError
+from ..common.textio import InputError, read_json
 from .provenance import SHORT_HASH, file_sha256
 
 MODELS_FILE = os.path.join("docs", "results", "models.json")
@@ -24,13 +23,7 @@ REQUIRED_KEYS = ("name", "what", "path", "recipe", "data", "date", "sha256")
 def load_models(path: str) -> Dict:
     """models.json, checked: a list of models, each with REQUIRED_KEYS, names unique, sha256 64 hex digits or
     null (with the reason in ``sha256_note``)."""
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no such pinned model set")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from error
+    data = read_json(path, "pinned model set")
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, list) or not models:
         raise InputError(f"{path}: needs a non-empty list 'models'")

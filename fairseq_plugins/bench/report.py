@@ -8,7 +8,7 @@ import subprocess
 from typing import Dict, List, Optional
 
 from ..common.plots import pyplot, save_png
-from ..common.textio import InputError, atomic_output, read_lines
+from ..common.textio import InputError, atomic_output, read_json, read_lines
 
 # Columns of the Markdown table: (header, key in a figures dict, format).
 COLUMNS = [
@@ -23,13 +23,7 @@ COLUMNS = [
 
 def load_results(path: str) -> List[Dict]:
     """Results in a bench JSON file, always as a list."""
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no such bench result file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from error
+    data = read_json(path, "bench result file")
     results = data if isinstance(data, list) else [data]
     for number, result in enumerate(results):
         if not isinstance(result, dict) or "method" not in result or "baseline" not in result:

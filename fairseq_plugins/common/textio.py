@@ -27,6 +27,20 @@ def read_lines(path: str, allow_empty_lines: bool = False) -> List[str]:
     return lines
 
 
+def read_json(path: str, what: str):
+    """The JSON value in ``path``; an InputError naming the file (``what`` it should be) or the line that is not
+    valid JSON."""
+    import json
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such {what}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from error
+
+
 def decode_lines(lines: Iterable[bytes], path: str) -> Iterator[str]:
     """Decode lines of bytes (a file opened "rb") as UTF-8; a bad byte names the file, line and byte offset."""
     offset = 0
