@@ -28,6 +28,13 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
+# fast_align from its source, where this checkout sits beside ../shared (CI, the project's machines): `make test`
+# builds it out of tree once (the source folder is shared and stays unmodified) and points the tests at it
+# through FAST_ALIGN and ATOOLS, so the subprocess backend's tests run against the real binaries. Without the
+# folder or cmake nothing is built and those tests skip, saying how to build fast_align.
+FAST_ALIGN_SOURCE ?= ../shared/third_party/fast_align
+FAST_ALIGN_BUILD  ?= build/fast_align
+
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FROM_SOURCE := $(filter-out 0,$(FAIRSEQ_FROM_SOURCE))
@@ -39,8 +46,14 @@ INSTALL_FAIRSEQ = $(if $(FROM_SOURCE),$(BIN)/python -m pip install -q cython num
   && $(BIN)/python -m pip install -q --no-deps --no-build-isolation --no-binary :all: "$(FAIRSEQ_SOURCE)",\
   $(BIN)/python -m pip install -q --no-deps "$(FAIRSEQ)")
 export PATH := $(abspath $(BIN)):$(PATH)
+ifneq ($(wildcard $(FAST_ALIGN_SOURCE)/CMakeLists.txt),)
+ifneq ($(shell command -v cmake),)
+FAST_ALIGN_BIN := $(FAST_ALIGN_BUILD)/fast_align
+FAST_ALIGN_ENV := FAST_ALIGN=$(abspath $(FAST_ALIGN_BIN)) ATOOLS=$(abspath $(FAST_ALIGN_BUILD)/atools)
+endif
+endif
 
-.PHONY: install test test-fast demo baseline results gpu-check gpu-dry-run clean help
+.PHONY: install test test-fast fast-align demo baseline results gpu-check gpu-dry-run clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
@@ -53,6 +66,7 @@ help:
 	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
 	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
+	@echo "make fast-align  build fast_align from $(FAST_ALIGN_SOURCE) into $(FAST_ALIGN_BUILD) (make test does)"
 
 install: $(STAMP)
 
@@ -70,11 +84,29 @@ $(STAMP): setup.py Makefile scripts/check_platform.py
 	@! $(BIN)/python -m pip show -q torchaudio 2>/dev/null || { echo "torchaudio must not be installed"; exit 1; }
 	@touch $(STAMP)
 
-test: install
-	$(PYTEST) $(PYTEST_ARGS)
+test: install fast-align
+	$(FAST_ALIGN_ENV) $(PYTEST) $(PYTEST_ARGS)
 
-test-fast: install
-	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+test-fast: install fast-align
+	$(FAST_ALIGN_ENV) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+ifneq ($(FAST_ALIGN_BIN),)
+fast-align: $(FAST_ALIGN_BIN)
+
+# Rebuilt only when a source file is newer than the binary: a second `make test` reuses it.
+# (CMake 4 refuses fast_align's cmake_minimum_required(VERSION 2.8) without the policy minimum.)
+$(FAST_ALIGN_BIN): $(wildcard $(FAST_ALIGN_SOURCE)/CMakeLists.txt $(FAST_ALIGN_SOURCE)/src/*)
+	@echo "building fast_align from $(FAST_ALIGN_SOURCE) into $(FAST_ALIGN_BUILD) (log: $(FAST_ALIGN_BUILD).log)"
+	@mkdir -p $(FAST_ALIGN_BUILD)
+	@{ cmake -S $(FAST_ALIGN_SOURCE) -B $(FAST_ALIGN_BUILD) -DCMAKE_BUILD_TYPE=Release \
+	     -DCMAKE_POLICY_VERSION_MINIMUM=3.5 && cmake --build $(FAST_ALIGN_BUILD) -j 2; } > $(FAST_ALIGN_BUILD).log 2>&1 \
+	  || { tail -20 $(FAST_ALIGN_BUILD).log; echo "fast_align: the build failed (log: $(FAST_ALIGN_BUILD).log)"; exit 1; }
+	@touch $@
+else
+fast-align:
+	@echo "fast_align not built ($(if $(wildcard $(FAST_ALIGN_SOURCE)/CMakeLists.txt),cmake not found,no \
+	  $(FAST_ALIGN_SOURCE))): the tests that run it will skip (tests/test_fast_align.py says how to build it)"
+endif
 
 demo: install
 	DATA="$(DATA)" examples/demo/run.sh
@@ -96,4 +128,4 @@ gpu-dry-run: install
 	examples/gpu/dry_run.sh
 
 clean:
-	rm -rf $(VENV) *.egg-info work/demo
+	rm -rf $(VENV) *.egg-info work/demo $(FAST_ALIGN_BUILD) $(FAST_ALIGN_BUILD).log

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import random
-import shutil
 import stat
 import subprocess
 from collections import Counter, defaultdict
@@ -557,13 +556,7 @@ def test_subprocess_backend_runs_the_fast_align_recipe(tmp_path):
     assert "perplexity noise" not in proc.stderr  # fast_align's progress stays out of the log
 
 
-@pytest.mark.skipif(shutil.which("fast_align") is None,
-                    reason="no fast_align on PATH (build https://github.com/clab/fast_align to run this test)")
-def test_subprocess_backend_with_a_real_fast_align(small_parallel, tmp_path):
-    source, target = small_parallel
-    first = align_corpus(source, target, backend="fast_align")
-    second = align_corpus(source, target, backend="fast_align")
-    assert first == second and len(first) == 400  # OMP_NUM_THREADS=1: reproducible
+# The subprocess backend against a real fast_align (built from source by `make test`): tests/test_fast_align.py.
 
 
 # --- the Markov scorer ------------------------------------------------------------------------------------------
