@@ -14,8 +14,9 @@ source examples/demo/lib.sh
 # (measured 2.31x, 2.09x, 2.03x stock greedy at k = 2, 3, 4, where the fast step's own greedy made 4.8x).
 HEADS=2
 # Heads 2..k propose among the 1,000 most frequent target pieces only, in training and in decoding: their output
-# products cost a quarter of the whole vocabulary's, most of a frozen-base update's work.
-PROPOSAL_VOCAB=1000
+# products cost a quarter of the whole vocabulary's, most of a frozen-base update's work (0: the whole
+# vocabulary, the synthetic data's 104 entries).
+if (( ${SYNTHETIC:-0} )); then PROPOSAL_VOCAB=0; else PROPOSAL_VOCAB=1000; fi
 case $1 in
   train)
     # shellcheck disable=SC2086  # BASELINE_ARCH is a list of words
