@@ -1,7 +1,7 @@
 # `make demo`'s steps as the files they make, so that `make -j2` runs two at a time (one thread each) in the
 # order their inputs allow, and a second demo re-trains nothing. Run by examples/demo/run.sh, which exports
 # WORK, RAW, SYNTHETIC, USER_DIR, DEMO_START and BENCH_LIMIT. Each step is `examples/<method>/demo.sh STEP`;
-# a method adds its steps here and its rows as bench/NN-name.json (the table lists them in name order).
+# a method adds its steps here and its rows as bench/N-name.json (the table lists them in name order).
 W := $(WORK)
 B := $(W)/bench
 # Not named DATA: `make demo DATA=...` passes DATA down to this make, where it would override the file.
@@ -10,36 +10,47 @@ BASELINE := $(W)/baseline/checkpoint_best.pt
 ALIGNED := $(W)/align/lexical-table.txt
 STEP = @bash examples/$(1)/demo.sh $(2)
 
-# The longest chain first (data -> baseline -> blockwise heads), so that make starts it first.
-all: $(B)/2-blockwise.json $(B)/1-baseline.json $(B)/7-bytenet.json $(B)/3-double_token.json \
-     $(B)/4-lattice.json $(B)/5-rnn_fc-search.json $(B)/6-rnn_fc-int8-lists.json $(W)/baseline/generate.out
+# The longest chain first (data -> baseline -> the trainings warm-started from it), so that make starts it first;
+# then what needs neither (ByteNet, the alignment), which runs on the other core while the baseline trains.
+all: $(B)/4-blockwise.json $(B)/5-double_token.json $(B)/6-lattice.json $(W)/baseline/bleu.txt \
+     $(B)/1-fast_step-fp32.json $(B)/2-fast_step-int8.json $(B)/7-rnn_fc.json $(B)/8-bytenet.json
 .PHONY: all
 .DELETE_ON_ERROR:
 
-# ---- the demo baseline: fairseq's transformer, small
+# ---- the demo baseline: fairseq's transformer, small; its whole test set at beam 5 (fairseq-generate)
 $(PREPARED):
 	$(call STEP,baseline,prepare)
 $(BASELINE): $(PREPARED)
 	$(call STEP,baseline,train)
-$(W)/baseline/generate.out: $(BASELINE)
+$(W)/baseline/bleu.txt: $(BASELINE)
 	$(call STEP,baseline,generate)
-$(B)/1-baseline.json: $(BASELINE)
-	$(call STEP,baseline,bench)
+
+# ---- the fast decoder step on the demo baseline, greedy: fp32 (stock outputs) and int8
+$(B)/1-fast_step-fp32.json: $(BASELINE)
+	$(call STEP,fast_step,bench-fp32)
+$(B)/2-fast_step-int8.json: $(BASELINE)
+	$(call STEP,fast_step,bench-int8)
+
+# ---- RESERVED: CTranslate2 as a reference row, once `fairseq-plugins bench --reference ctranslate2` lands
+#      (another issue adds it): uncomment, add $(B)/3-ctranslate2.json to `all`, and write the step in
+#      examples/fast_step/demo.sh (reserved there too).
+# $(B)/3-ctranslate2.json: $(BASELINE)
+# 	$(call STEP,fast_step,bench-ctranslate2)
 
 # ---- one alignment of the training text, for the lattice tables and rnn_fc's candidate lists
 $(ALIGNED): $(PREPARED)
 	@bash examples/demo/align.sh
 
-# ---- blockwise: proposal heads on the frozen demo baseline
+# ---- blockwise: proposal heads on the frozen demo baseline, decoded on the fast step
 $(W)/blockwise/checkpoint_best.pt: $(BASELINE)
 	$(call STEP,blockwise,train)
-$(B)/2-blockwise.json: $(W)/blockwise/checkpoint_best.pt
+$(B)/4-blockwise.json: $(W)/blockwise/checkpoint_best.pt
 	$(call STEP,blockwise,bench)
 
-# ---- double-token: bidir-2 fine-tuned from the demo baseline, against the demo baseline
+# ---- double-token: bidir-2 fine-tuned from the demo baseline, on the fast step, against the demo baseline
 $(W)/double_token-bidir-2/checkpoint_best.pt: $(BASELINE)
 	$(call STEP,double_token,train)
-$(B)/3-double_token.json: $(W)/double_token-bidir-2/checkpoint_best.pt
+$(B)/5-double_token.json: $(W)/double_token-bidir-2/checkpoint_best.pt
 	$(call STEP,double_token,bench)
 
 # ---- sequence-to-lattice: candidate tables, a lattice scorer on the demo baseline's encoder, against the
@@ -48,19 +59,17 @@ $(W)/lattice-table.pt: $(ALIGNED)
 	$(call STEP,lattice,table)
 $(W)/lattice/checkpoint_best.pt: $(BASELINE)
 	$(call STEP,lattice,train)
-$(B)/4-lattice.json: $(W)/lattice/checkpoint_best.pt $(W)/lattice-table.pt $(BASELINE)
+$(B)/6-lattice.json: $(W)/lattice/checkpoint_best.pt $(W)/lattice-table.pt $(BASELINE)
 	$(call STEP,lattice,bench)
 
-# ---- rnn_fc's decoder on the demo baseline: its beam search, then int8 + candidate lists
+# ---- rnn_fc's decoder speedups on the demo baseline: int8, candidate lists, early stopping
 $(W)/rnn_fc-list.pt: $(ALIGNED)
 	$(call STEP,rnn_fc,lists)
-$(B)/5-rnn_fc-search.json: $(BASELINE)
-	$(call STEP,rnn_fc,bench-search)
-$(B)/6-rnn_fc-int8-lists.json: $(BASELINE) $(W)/rnn_fc-list.pt
-	$(call STEP,rnn_fc,bench-int8-lists)
+$(B)/7-rnn_fc.json: $(BASELINE) $(W)/rnn_fc-list.pt
+	$(call STEP,rnn_fc,bench)
 
 # ---- ByteNet: character data of its own; cached decoding against fairseq's uncached path, same model
 $(W)/bytenet/checkpoint_best.pt:
 	$(call STEP,bytenet,train)
-$(B)/7-bytenet.json: $(W)/bytenet/checkpoint_best.pt
+$(B)/8-bytenet.json: $(W)/bytenet/checkpoint_best.pt
 	$(call STEP,bytenet,bench)
