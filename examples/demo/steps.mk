@@ -31,12 +31,6 @@ $(B)/1-fast_step-fp32.json: $(BASELINE)
 $(B)/2-fast_step-int8.json: $(BASELINE)
 	$(call STEP,fast_step,bench-int8)
 
-# ---- RESERVED: CTranslate2 as a reference row, once `fairseq-plugins bench --reference ctranslate2` lands
-#      (another issue adds it): uncomment, add $(B)/3-ctranslate2.json to `all`, and write the step in
-#      examples/fast_step/demo.sh (reserved there too).
-# $(B)/3-ctranslate2.json: $(BASELINE)
-# 	$(call STEP,fast_step,bench-ctranslate2)
-
 # ---- one alignment of the training text, for the lattice tables and rnn_fc's candidate lists
 $(ALIGNED): $(PREPARED)
 	@bash examples/demo/align.sh
