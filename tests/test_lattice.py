@@ -533,8 +533,10 @@ cat "$2"
 """
 
 
-def test_subprocess_backend_runs_the_fast_align_recipe(tmp_path):
-    """The wrapper's plumbing, against stand-in binaries that record how they were called."""
+def test_subprocess_backend_runs_the_fast_align_recipe(tmp_path, monkeypatch):
+    """The wrapper's plumbing, against stand-in binaries that record how they were called (the stand-in atools
+    found beside the stand-in fast_align: not the real one `make test` names in $ATOOLS)."""
+    monkeypatch.delenv("ATOOLS", raising=False)
     log = tmp_path / "calls.log"
     for name, script in (("fast_align", FAKE_FAST_ALIGN), ("atools", FAKE_ATOOLS)):
         path = tmp_path / name
