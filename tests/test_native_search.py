@@ -1,5 +1,5 @@
-"""The fast step's whole search of a sentence in one native call (kernels/native/search.c fp_greedy_search, fp_beam_search):
-at batch 1 it gives, on every sentence of the tiny trained model, the hypotheses of the fast step's Python
+"""The fast step's whole search of a sentence in one native call (kernels/native/search.c: fp_greedy_search,
+fp_beam_search): at batch 1 it gives, on every sentence of the tiny trained model, the hypotheses of the fast step's Python
 search (its greedy loop; fairseq's SequenceGenerator at beam > 1) token for token, every n-best list in
 fairseq's order, with scores equal to float rounding; in float32 and in int8; and it is what ran."""
 
@@ -8,21 +8,19 @@ import torch
 
 from fairseq_plugins.kernels import native
 from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
-from test_fast_step import load
+from test_fast_step import GENERATOR_SETTINGS, load
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels could not be built here")
 
+# The fast step's settings against fairseq's (all but n-gram blocking, which the native search leaves to fairseq's
+# search), and beams cut at the length limit, with length penalties, a minimum length and an unk penalty.
 SETTINGS = {
-    "greedy": {"beam_size": 1},
-    "greedy, min/max length, unk penalty, length penalty": {"beam_size": 1, "min_len": 3, "max_len_b": 6,
-                                                            "max_len_a": 0, "unk_penalty": 0.5, "len_penalty": 0.5},
+    **{name: kwargs for name, kwargs in GENERATOR_SETTINGS.items() if "no_repeat_ngram_size" not in kwargs},
     "beam 2, length penalty 0.5": {"beam_size": 2, "len_penalty": 0.5},
-    "beam 5": {"beam_size": 5},
     "beam 4 cut at 4 tokens": {"beam_size": 4, "max_len_a": 0, "max_len_b": 4},
     "beam 5, min length 12, unk penalty": {"beam_size": 5, "min_len": 12, "unk_penalty": 0.5},
     "beam 3, length penalty 2, 1.2 x source + 3": {"beam_size": 3, "len_penalty": 2.0, "max_len_a": 1.2,
                                                    "max_len_b": 3},
-    "beam 5, unnormalized scores": {"beam_size": 5, "normalize_scores": False},
 }
 
 

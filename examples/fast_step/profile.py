@@ -8,8 +8,8 @@ log-softmax and fairseq's step rules, the cache reordering of a beam, and what i
 the search's bookkeeping (fairseq's SequenceGenerator at beam > 1, the fast step's own loop at greedy). The
 ctypes crossings are counted (native calls per token) and priced by a null ctypes call timed here. That is
 ``--search python``, the step-by-step search; ``--search native`` (the default path at batch 1) times the
-whole search of a sentence in one native call (kernels/native/search.c: decoder, output layer, log-softmax, search), whose
-parts are not visible from Python, beside the encoder and the cross-attention keys and values. Then
+whole search of a sentence in one native call (kernels/native/search.c: decoder, output layer, log-softmax,
+search), whose parts are not visible from Python, beside the encoder and the cross-attention keys and values. Then
 CTranslate2 (the same checkpoint converted by its fairseq converter, at --ctranslate2-compute-type) decodes the
 same sentences with the same beam and length limit; its time per token is the whole sentence's (its parts are
 not visible from Python). The timers cost about a microsecond a call: the profile's total is a little above a
@@ -188,7 +188,8 @@ def markdown(result: Dict) -> str:
                  f"**{reference['ms_per_token_total']:.3f}** | "
                  f"{100 * reference['ms_per_token_total'] / fast['ms_per_token_total']:.0f}% |")
     beam = "greedy" if result["beam"] == 1 else f"beam {result['beam']}"
-    return (f"{beam}, {result['search']} search, batch 1, {result['threads']} thread(s), {fast['sentences']} sentences, "
+    return (f"{beam}, {result['search']} search, batch 1, {result['threads']} thread(s), "
+            f"{fast['sentences']} sentences, "
             f"{fast['output_tokens']} output tokens (fast step) and {reference['output_tokens']} (CTranslate2), "
             f"model sha256 {result['checkpoint_sha256'][:12]}\n\n" + "\n".join(lines) + "\n")
 

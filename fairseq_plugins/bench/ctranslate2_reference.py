@@ -119,7 +119,8 @@ def converted_model(checkpoint: str, data_bin: str, source_lang: str, target_lan
 # fairseq generation options CTranslate2 has no counterpart for, with the value that means "off".
 _UNSUPPORTED = {
     "sampling": False, "unnormalized": False, "match_source_len": False, "prefix_size": 0,
-    "diverse_beam_groups": -1, "diversity_rate": -1.0, "temperature": 1.0, "unkpen": 0, "constraints": None, "lm_path": None,
+    "diverse_beam_groups": -1, "diversity_rate": -1.0, "temperature": 1.0, "unkpen": 0, "constraints": None,
+    "lm_path": None,
 }
 
 

@@ -205,8 +205,8 @@ class FastDecoderStep:
         self.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
 
     def _native_decoder(self, decoder) -> Optional["native.Decoder"]:
-        """The whole decoder for the native one-call searches (native/search.c) (``greedy_search``), where its parts are native:
-        every layer, float32 CPU embeddings, no projections around the layers, no embedding norm, and an output
+        """The whole decoder for the one-call searches (native/search.c: ``greedy_search``, ``beam_search``), where
+        its parts are native: every layer, float32 CPU embeddings, no projections around the layers, no embedding norm, and an output
         matrix of the native kernels (float32 CPU, or int8 on the native backend)."""
         if (self.native_layers is None or self.project_in is not None or self.project_out is not None
                 or self.embedding_norm is not None or self.embed_tokens.dtype != torch.float32

@@ -355,7 +355,8 @@ def _check_search(decoder: Decoder, positions: Optional[Tensor], keys, values, c
                                                                          decoder.head_dim)
     if not (len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
             and capacity > max_len >= min_len >= 0
-            and all(t.dtype == torch.float32 and t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values))
+            and all(t.dtype == torch.float32 and t.is_contiguous()
+                    for t in (*keys, *values, *cross_keys, *cross_values))
             and all(t.shape == cache for t in (*keys, *values))
             and all(t.shape == source for t in (*cross_keys, *cross_values))
             and (positions is None or (positions.dtype == torch.float32 and positions.is_contiguous()
