@@ -402,7 +402,7 @@ class Generators:
     reference: Optional[Dict] = None  # --reference ctranslate2: its decoder and how its model was converted
 
 
-def _ctranslate2_reference(args, cfg, stock_cfg, stock_task, stock_models, data: PreparedData,
+def _ctranslate2_reference(args, stock_cfg, stock_task, stock_models, data: PreparedData,
                            device: torch.device) -> Dict:
     """CTranslate2 on the stock side's checkpoint, with the stock generator's beam and rules (converted before
     any timing; the conversion's seconds are reported, not timed)."""
@@ -441,7 +441,7 @@ def _build_generators(args, cfg, task, models, data: PreparedData, device: torch
     }
     reference = None
     if args.reference == "ctranslate2":
-        reference = _ctranslate2_reference(args, cfg, stock_cfg, stock_task, stock_models, data, device)
+        reference = _ctranslate2_reference(args, stock_cfg, stock_task, stock_models, data, device)
         decoders["ctranslate2"] = reference["decoder"]
     return Generators(
         method=method_generator,
