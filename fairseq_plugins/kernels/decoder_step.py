@@ -231,6 +231,14 @@ class FastDecoderStep:
                                                     for key, value in norm.state_dict().items()})
         return native.decoder(self.native_layers, self.embed_table, self.embed_scale, self.native_final_norm, matrix)
 
+    def _native_positions(self, max_len: int):
+        """The position table for a native search to max_len (None: the decoder has no positions), or False
+        where the kernels cannot read it (not float32, not contiguous)."""
+        table = self._position_table(max_len + 1)
+        if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
+            return False
+        return table
+
     def beam_search(self, beam: int, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int,
                     max_len: int):
         """One sentence's whole beam search (fairseq's at batch 1) in one native call, after ``start`` on its
@@ -239,8 +247,8 @@ class FastDecoderStep:
         if (self.beam_searcher is None or self.rows != 1 or self.length != 0
                 or not 1 <= beam <= native.MAX_NATIVE_BEAM):
             return None
-        table = self._position_table(max_len + 1)
-        if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
+        table = self._native_positions(max_len)
+        if table is False:
             return None
         capacity = max_len + 2
         keys = [torch.empty(beam, layer.heads, capacity, layer.head_dim) for layer in self.layers]
@@ -257,8 +265,8 @@ class FastDecoderStep:
         None where the decoder is not all native (``_native_decoder``: then step by step)."""
         if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len:
             return None
-        table = self._position_table(max_len + 1)
-        if table is not None and (table.dtype != torch.float32 or not table.is_contiguous()):
+        table = self._native_positions(max_len)
+        if table is False:
             return None
         return self.greedy_searcher(self.native_decoder, table, self.keys, self.values, self.cross_keys,
                                     self.cross_values, bos, eos, pad, unk, unk_penalty, min_len, max_len)

@@ -58,7 +58,42 @@ static float log_normalizer(const float *x, int64_t n) {
  * pad never, unk penalised, no end token before min_len tokens, only the end token at max_len; the cumulative
  * float32 score of the best token a step; the first of equal scores wins (torch.topk's order). */
 
+/* The decoder at step `step` on `rows` hypotheses, whose last tokens are previous[r * stride]: x (rows, D) the
+ * embeddings, then every layer (keys/values/cross as for fp_decoder_layer_step), the final norm; logits (rows, V)
+ * the output layer's. */
+static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t stride, int64_t rows, int64_t step,
+                        float *const *keys, float *const *values, int64_t capacity, const float *const *cross_keys,
+                        const float *const *cross_values, int64_t S, float *x, float *logits, float *layer_scratch,
+                        int8_t *qbuf, float *sbuf) {
+    const int64_t D = Dec->dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *embedding = Dec->embed_tokens + previous[r * stride] * D;
+        float *row = x + r * D;
+        for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
+        if (Dec->positions) {
+            const float *position = Dec->positions + (step < Dec->n_positions ? step : Dec->n_positions - 1) * D;
+            for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
+        }
+    }
+    for (int64_t l = 0; l < Dec->n_layers; ++l)
+        fp_decoder_layer_step(Dec->layers[l], x, rows, keys[l], values[l], capacity, step, cross_keys[l],
+                              cross_values[l], S, NULL, NULL, layer_scratch, qbuf, sbuf, 1, 1);
+    if (Dec->final_norm_weight)
+        fp_layer_norm(x, rows, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
+    fp_matrix_product(&Dec->output, x, rows, logits, qbuf, sbuf);
+}
 
+/* fairseq's step rules on token v's log-probability lp at `step`: NaN and pad never, unk penalised, no end
+ * token before min_len tokens, only the end token at max_len. */
+static inline float ruled(float lp, int64_t v, int64_t step, int64_t eos, int64_t pad, int64_t unk,
+                          float unk_penalty, int64_t min_len, int64_t max_len) {
+    if (lp != lp) lp = -INFINITY; /* as nan_to_minus_inf_ */
+    if (v == pad) lp = -INFINITY;
+    if (v == unk) lp -= unk_penalty;
+    if (step >= max_len && v != eos) lp = -INFINITY;
+    if (step < min_len && v == eos) lp = -INFINITY;
+    return lp;
+}
 
 /* Greedy search of one sentence. keys/values[l]: (1, heads, capacity, head_dim) each, capacity >= max_len + 1;
  * cross_keys/values[l]: (1, heads, S, head_dim). tokens: room for max_len + 1 ids (written: the output, end token
@@ -75,30 +110,15 @@ int64_t fp_greedy_search(const fp_decoder *Dec, float *const *keys, float *const
     int64_t previous = bos;
     float total = 0.0f;
     for (int64_t step = 0; step <= max_len; ++step) {
-        const float *embedding = Dec->embed_tokens + previous * D;
-        for (int64_t d = 0; d < D; ++d) x[d] = Dec->embed_scale * embedding[d];
-        if (Dec->positions) {
-            const float *position = Dec->positions + (step < Dec->n_positions ? step : Dec->n_positions - 1) * D;
-            for (int64_t d = 0; d < D; ++d) x[d] = x[d] + position[d];
-        }
-        for (int64_t l = 0; l < Dec->n_layers; ++l)
-            fp_decoder_layer_step(Dec->layers[l], x, 1, keys[l], values[l], capacity, step, cross_keys[l],
-                                  cross_values[l], S, NULL, NULL, layer_scratch, qbuf, sbuf, 1, 1);
-        if (Dec->final_norm_weight)
-            fp_layer_norm(x, 1, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
-        fp_matrix_product(&Dec->output, x, 1, logits, qbuf, sbuf);
+        decode_rows(Dec, &previous, 0, 1, step, keys, values, capacity, cross_keys, cross_values, S, x, logits,
+                    layer_scratch, qbuf, sbuf);
         const float shift = log_normalizer(logits, V); /* log-softmax: x - shift */
         /* the rules, then the best token: the first of the highest (lprob + total) */
         int64_t choice = -1;
         float choice_score = -INFINITY;
         for (int64_t v = 0; v < V; ++v) {
-            float lp = logits[v] - shift;
-            if (lp != lp) lp = -INFINITY; /* NaN, as nan_to_minus_inf_ */
-            if (v == pad) lp = -INFINITY;
-            if (v == unk) lp -= unk_penalty;
-            if (step >= max_len && v != eos) lp = -INFINITY;
-            if (step < min_len && v == eos) lp = -INFINITY;
-            const float score = lp + total;
+            const float score = ruled(logits[v] - shift, v, step, eos, pad, unk, unk_penalty, min_len, max_len)
+                                + total;
             if (choice < 0 || score > choice_score) { choice = v; choice_score = score; }
         }
         total = choice_score;
@@ -157,22 +177,8 @@ int64_t fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *
     tokens[0] = bos;
     for (int64_t step = 0; step <= max_len; ++step) {
         /* the decoder on each hypothesis's last token */
-        for (int64_t r = 0; r < rows; ++r) {
-            const float *embedding = Dec->embed_tokens + tokens[r * width + step] * D;
-            float *row = x + r * D;
-            for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
-            if (Dec->positions) {
-                const float *position = Dec->positions
-                                        + (step < Dec->n_positions ? step : Dec->n_positions - 1) * D;
-                for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
-            }
-        }
-        for (int64_t l = 0; l < Dec->n_layers; ++l)
-            fp_decoder_layer_step(Dec->layers[l], x, rows, keys[l], values[l], capacity, step, cross_keys[l],
-                                  cross_values[l], S, NULL, NULL, layer_scratch, qbuf, sbuf, 1, 1);
-        if (Dec->final_norm_weight)
-            fp_layer_norm(x, rows, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
-        fp_matrix_product(&Dec->output, x, rows, logits, qbuf, sbuf);
+        decode_rows(Dec, tokens + step, width, rows, step, keys, values, capacity, cross_keys, cross_values, S, x,
+                    logits, layer_scratch, qbuf, sbuf);
         /* log-softmax, the rules, the cumulative score; the 2 * beam best candidates */
         const int64_t k = K < rows * V - 1 ? K : rows * V - 1;
         int64_t count = 0;
@@ -181,12 +187,7 @@ int64_t fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *
             const float shift = log_normalizer(row, V);
             const float history = step > 0 ? scores[r * width + step - 1] : 0.0f;
             for (int64_t v = 0; v < V; ++v) {
-                float lp = row[v] - shift;
-                if (lp != lp) lp = -INFINITY;
-                if (v == pad) lp = -INFINITY;
-                if (v == unk) lp -= unk_penalty;
-                if (step >= max_len && v != eos) lp = -INFINITY;
-                if (step < min_len && v == eos) lp = -INFINITY;
+                const float lp = ruled(row[v] - shift, v, step, eos, pad, unk, unk_penalty, min_len, max_len);
                 keep_best(step > 0 ? lp + history : lp, r * V + v, best, best_index, k, &count);
             }
         }
