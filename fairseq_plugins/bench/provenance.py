@@ -2,6 +2,7 @@
 file a method's task flags name (lexical tables, shortlists, base checkpoints) and the test data, each with its
 sha256, so that a figure names its model by what it is rather than by a path that may hold another model later."""
 
+import functools
 import hashlib
 import os
 from typing import Dict, Iterable, Optional
@@ -11,6 +12,14 @@ SHORT_HASH = 12
 
 
 def file_sha256(path: str) -> str:
+    """The file's sha256, read once per process while its size and modification time stay (a bench hashes its
+    checkpoint for its provenance and for the CTranslate2 conversion's key)."""
+    stat = os.stat(path)
+    return _sha256_of(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
