@@ -8,7 +8,10 @@
 #   MULTI30K_DIR holds train, valid and test text as <split>.$SRC and <split>.$TGT (Multi30k's names train, val,
 #   test_2016_flickr, or train, valid|dev, test: see fairseq-plugins prepare).
 #   env: SRC (en), TGT (de): the language suffixes, VOCAB (8000: pieces of the joint SentencePiece model),
-#        EPOCHS (20), STAGES ("prepare train evaluate bench"), RESULTS (WORK_DIR/results; RESULTS=docs/results
+#        ARCH (baseline_transformer_multi30k; baseline_transformer_base_multi30k: fairseq's transformer-base
+#        shape, 6+6 layers, 512-d, 2048 FFN, about 10x the baseline's training time; LR=5e-4 there),
+#        LR (1e-3), WARMUP (1000 updates), EPOCHS (20), STAGES ("prepare train evaluate bench"),
+#        RESULTS (WORK_DIR/results; RESULTS=docs/results
 #        writes the repository's figures), BENCH_JSON (RESULTS/baseline.json),
 #        BENCH_LIMIT (200 sentences; 0 = whole test set), BENCH_RUNS (3),
 #        TRAIN_FLAGS (extra fairseq-train flags, e.g. --fp16 on a GPU; none by default),
@@ -55,9 +58,9 @@ train() {  # fairseq-train with the given flags, on RANKS one-thread processes (
 if stage train; then
   train "$WORK/data/bin" --user-dir "$USER_DIR" \
     --task translation --source-lang "$SRC" --target-lang "$TGT" \
-    --arch baseline_transformer_multi30k \
+    --arch "${ARCH:-baseline_transformer_multi30k}" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
+    --lr "${LR:-1e-3}" --lr-scheduler inverse_sqrt --warmup-updates "${WARMUP:-1000}" \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-epoch "$EPOCHS" --seed 1 \
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \

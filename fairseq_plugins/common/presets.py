@@ -27,6 +27,19 @@ def transformer_multi30k(args) -> None:
     base_architecture(args)
 
 
+def transformer_base_multi30k(args) -> None:
+    """fairseq's transformer-base shape (6+6 layers, 512-d, 2048 FFN, 8 heads) with shared embeddings on Multi30k:
+    the size at which the CTranslate2 comparison is reported beside the baseline's (issue 53); the rest as
+    ``transformer_multi30k``."""
+    for name, value in (
+        ("encoder_embed_dim", 512), ("encoder_ffn_embed_dim", 2048),
+        ("encoder_layers", 6), ("encoder_attention_heads", 8),
+        ("decoder_layers", 6), ("decoder_attention_heads", 8),
+    ):
+        set_default(args, name, value)
+    transformer_multi30k(args)
+
+
 def transformer_tiny(args) -> None:
     """For the demo and the tests: 2+2 layers, 64-d; the rest as ``transformer_multi30k``."""
     for name, value in (
