@@ -241,22 +241,21 @@ class FastDecoderStep:
 
     def beam_search(self, beam: int, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int,
                     max_len: int):
-        """One sentence's whole beam search (fairseq's at batch 1) in one native call, after ``start`` on its
-        one row: its finished hypotheses [(tokens, cumulative scores)] in the order fairseq finalises them;
+        """The whole beam search (fairseq's) of the sentences ``start`` took (one row each), in one native call:
+        each sentence's finished hypotheses [[(tokens, cumulative scores)]] in the order fairseq finalises them;
         None where the decoder is not all native or the beam is wider than the kernel's."""
-        if (self.beam_searcher is None or self.rows != 1 or self.length != 0
+        if (self.beam_searcher is None or self.rows < 1 or self.length != 0
                 or not 1 <= beam <= native.MAX_NATIVE_BEAM):
             return None
         table = self._native_positions(max_len)
         if table is False:
             return None
         capacity = max_len + 2
-        keys = [torch.empty(beam, layer.heads, capacity, layer.head_dim) for layer in self.layers]
+        keys = [torch.empty(self.rows * beam, layer.heads, capacity, layer.head_dim) for layer in self.layers]
         values = [torch.empty_like(k) for k in keys]
-        cross_keys = [k.expand(beam, -1, -1, -1).contiguous() for k in self.cross_keys]
-        cross_values = [v.expand(beam, -1, -1, -1).contiguous() for v in self.cross_values]
-        return self.beam_searcher(self.native_decoder, table, keys, values, cross_keys, cross_values, beam, bos, eos,
-                                  pad, unk, unk_penalty, min_len, max_len)
+        source_attend = None if self.source_attend is None else self.source_attend[:, 0, 0, :]
+        return self.beam_searcher(self.native_decoder, table, keys, values, self.cross_keys, self.cross_values,
+                                  source_attend, beam, bos, eos, pad, unk, unk_penalty, min_len, max_len)
 
     def greedy_search(self, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int,
                       max_len: int):

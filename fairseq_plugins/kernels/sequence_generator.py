@@ -119,8 +119,13 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         self.model.prepare(src_tokens, self.beam_size)
         hypotheses = None
         if self._plain_search(prefix_tokens, constraints, bos_token):
-            hypotheses = self._greedy(sample) if self._plain_greedy(prefix_tokens, constraints, bos_token) \
-                else self._native_beam(sample)
+            # greedy: one native call at batch 1, the batch's native beam search at beam 1 on larger batches
+            if self._plain_greedy(prefix_tokens, constraints, bos_token) and src_tokens.size(0) == 1:
+                hypotheses = self._greedy(sample)
+            else:
+                hypotheses = self._native_beam(sample)
+                if hypotheses is None and self._plain_greedy(prefix_tokens, constraints, bos_token):
+                    hypotheses = self._greedy(sample)
         if hypotheses is None:
             hypotheses = super()._generate(sample, prefix_tokens, constraints, bos_token)
         self._stats["sentences"] += src_tokens.size(0)
@@ -147,11 +152,11 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         return max_len
 
     def _native_beam(self, sample) -> Optional[List[List[Dict[str, Tensor]]]]:
-        """One sentence's beam search in one native call, where the engine has one (else None: fairseq's own),
-        finalised and ordered as fairseq's (its finished hypotheses sorted by score, best first)."""
+        """The batch's whole beam search in one native call, where the engine has one (else None: fairseq's
+        own), each sentence's hypotheses finalised and ordered as fairseq's (sorted by score, best first)."""
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        if src_tokens.size(0) != 1 or self.model.row_candidates is not None or self.temperature != 1.0 \
+        if self.model.row_candidates is not None or self.temperature != 1.0 \
                 or self.model.engine.beam_searcher is None or src_tokens.device.type != "cpu" \
                 or self.beam_size > native.MAX_NATIVE_BEAM:
             return None
@@ -162,10 +167,13 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         if searched is None:
             return None
         self.model.started = True
-        self.model.steps += max(tokens.numel() for tokens, _ in searched)
-        hypotheses = [self._finished(tokens, cumulative)[0] for tokens, cumulative in searched]
-        order = torch.sort(torch.tensor([float(h["score"].item()) for h in hypotheses]), descending=True)[1]
-        return [[hypotheses[i] for i in order]]
+        self.model.steps += max(tokens.numel() for finished in searched for tokens, _ in finished)
+        batch = []
+        for finished in searched:
+            hypotheses = [self._finished(tokens, cumulative)[0] for tokens, cumulative in finished]
+            order = torch.sort(torch.tensor([float(h["score"].item()) for h in hypotheses]), descending=True)[1]
+            batch.append([hypotheses[i] for i in order])
+        return batch
 
     def _greedy(self, sample) -> List[List[Dict[str, Tensor]]]:
         """fairseq's beam search at beam 1 without its per-step bookkeeping: the same length limits, pad/unk/

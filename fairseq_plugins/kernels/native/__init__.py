@@ -122,7 +122,7 @@ def available() -> bool:
             library.fp_float_gemm.restype = None
             library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
-                                                      pointer, pointer, size, size]
+                                                      pointer, pointer, size, size, pointer, pointer]
             library.fp_decoder_layer_step.restype = None
             library.fp_encoder_layer.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer, pointer]
             library.fp_encoder_layer.restype = None
@@ -137,10 +137,10 @@ def available() -> bool:
                                                  pointer, pointer, pointer, pointer]
             library.fp_greedy_search.restype = size
             library.fp_beam_search.argtypes = [ctypes.POINTER(Decoder), pointer, pointer, size, pointer, pointer,
-                                               size, size, size, size, size, size, ctypes.c_float, size, size,
-                                               pointer, pointer, pointer, pointer, pointer, pointer, pointer,
-                                               pointer, pointer]
-            library.fp_beam_search.restype = size
+                                               size, pointer, size, size, size, size, size, size, ctypes.c_float,
+                                               size, size, pointer, pointer, pointer, pointer, pointer, pointer,
+                                               pointer, pointer, pointer, pointer, pointer]
+            library.fp_beam_search.restype = None
             library.fp_struct_layout.argtypes = [size, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                                  ctypes.POINTER(size)]
             library.fp_struct_layout.restype = ctypes.c_int
@@ -343,16 +343,17 @@ class LayerStepper(_Scratch):
             cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
             None if source_attend is None else source_attend.data_ptr(),
             None if self_attend is None else self_attend.data_ptr(), self.scratch.data_ptr(),
-            self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal))
+            self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal), None, None)
 
 
 def _check_search(decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values, rows: int,
-                  min_len: int, max_len: int, name: str):
+                  min_len: int, max_len: int, name: str, source_rows: Optional[int] = None):
     """A whole search's tensors checked against the decoder (the C code trusts them: a mismatch would read or
-    write out of bounds, not raise), and its positions set on the struct. Returns (capacity, S, d)."""
+    write out of bounds, not raise), and its positions set on the struct: ``rows`` cache rows, ``source_rows``
+    (default ``rows``) rows of cross-attention keys and values. Returns (capacity, S, d)."""
     capacity, source_length, d = keys[0].size(2), cross_keys[0].size(2), decoder.dim
-    cache, source = (rows, decoder.heads, capacity, decoder.head_dim), (rows, decoder.heads, source_length,
-                                                                         decoder.head_dim)
+    cache = (rows, decoder.heads, capacity, decoder.head_dim)
+    source = (rows if source_rows is None else source_rows, decoder.heads, source_length, decoder.head_dim)
     if not (len(keys) == len(values) == len(cross_keys) == len(cross_values) == decoder.n_layers
             and capacity > max_len >= min_len >= 0
             and all(t.dtype == torch.float32 and t.is_contiguous()
@@ -394,38 +395,52 @@ MAX_NATIVE_BEAM = 32
 
 
 class BeamSearcher(_Scratch):
-    """Runs ``fp_beam_search``: a sentence's whole beam search (fairseq's, batch 1) in one call."""
+    """Runs ``fp_beam_search``: the whole beam search (fairseq's) of a batch of sentences in one call."""
 
     def __init__(self):
         super().__init__()
         self.cache_copy = torch.empty(0)
 
     def __call__(self, decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values,
-                 beam: int, bos: int, eos: int, pad: int, unk: int, unk_penalty: float, min_len: int, max_len: int):
-        """keys/values: each layer's (beam, heads, capacity, head_dim) cache, capacity > max_len; cross_keys/values:
-        each layer's (beam, heads, S, head_dim), every row the sentence's; positions as ``GreedySearcher``.
-        Returns the finished hypotheses in the order fairseq finalises them: [(tokens, cumulative scores)]."""
+                 source_attend: Optional[Tensor], beam: int, bos: int, eos: int, pad: int, unk: int,
+                 unk_penalty: float, min_len: int, max_len: int):
+        """cross_keys/values: each layer's (sentences, heads, S, head_dim); source_attend: (sentences, S) bool,
+        True where a source token is, or None (no padding); keys/values: each layer's (sentences * beam, heads,
+        capacity, head_dim) cache, capacity > max_len (sentence s's hypotheses in rows s * beam ...); positions
+        as ``GreedySearcher``. Returns each sentence's finished hypotheses in the order fairseq finalises them:
+        [[(tokens, cumulative scores)]]."""
         if not 1 <= beam <= MAX_NATIVE_BEAM:
             raise ValueError(f"fp_beam_search: beam {beam} is not in 1..{MAX_NATIVE_BEAM}")
-        capacity, source_length, d = _check_search(decoder, positions, keys, values, cross_keys, cross_values, beam,
-                                                   min_len, max_len, "fp_beam_search")
-        heads, head_dim = decoder.heads, decoder.head_dim
-        self.reserve(beam * (6 * d + decoder.vocab + decoder.widest_ffn) + 2 * beam
-                     + max(capacity, source_length), beam, decoder.widest_input)
+        sentences = cross_keys[0].size(0)
+        capacity, source_length, d = _check_search(decoder, positions, keys, values, cross_keys, cross_values,
+                                                   sentences * beam, min_len, max_len, "fp_beam_search",
+                                                   source_rows=sentences)
+        if source_attend is not None and not (source_attend.shape == (sentences, source_length)
+                                              and source_attend.dtype == torch.bool):
+            raise ValueError("fp_beam_search: source_attend must be (sentences, source length) bool")
+        heads, head_dim, rows = decoder.heads, decoder.head_dim, sentences * beam
+        self.reserve(rows * (6 * d + decoder.vocab + decoder.widest_ffn) + 2 * beam + max(capacity, source_length),
+                     rows, decoder.widest_input)
         if self.cache_copy.numel() < beam * heads * capacity * head_dim:
             self.cache_copy = torch.empty(2 * beam * heads * capacity * head_dim)
-        history_tokens = torch.empty(2 * beam * (max_len + 2), dtype=torch.int64)
-        history_scores = torch.empty(2 * beam * (max_len + 2))
-        tokens = torch.empty(beam, max_len + 1, dtype=torch.int64)
-        cumulative = torch.empty(beam, max_len + 1)
-        lengths = torch.empty(beam, dtype=torch.int64)
-        finished = _library.fp_beam_search(
+        history_tokens = torch.empty(sentences * 2 * beam * (max_len + 2), dtype=torch.int64)
+        history_scores = torch.empty(sentences * 2 * beam * (max_len + 2))
+        tokens = torch.empty(sentences, beam, max_len + 1, dtype=torch.int64)
+        cumulative = torch.empty(sentences, beam, max_len + 1)
+        lengths = torch.empty(sentences, beam, dtype=torch.int64)
+        counts = torch.empty(sentences, dtype=torch.int64)
+        row_index = torch.empty(3 * rows + sentences, dtype=torch.int64)
+        attend = None if source_attend is None else source_attend.to(torch.uint8).contiguous()
+        _library.fp_beam_search(
             ctypes.byref(decoder), _pointers(keys), _pointers(values), capacity, _pointers(cross_keys),
-            _pointers(cross_values), source_length, beam, bos, eos, pad, unk, unk_penalty, min_len, max_len,
-            history_tokens.data_ptr(), history_scores.data_ptr(), tokens.data_ptr(), cumulative.data_ptr(),
-            lengths.data_ptr(), self.scratch.data_ptr(), self.cache_copy.data_ptr(), self.quantized.data_ptr(),
-            self.row_scales.data_ptr())
-        return [(tokens[h, :n], cumulative[h, :n]) for h, n in enumerate(lengths[:finished].tolist())]
+            _pointers(cross_values), source_length, None if attend is None else attend.data_ptr(), sentences, beam,
+            bos, eos, pad, unk, unk_penalty, min_len, max_len, history_tokens.data_ptr(), history_scores.data_ptr(),
+            tokens.data_ptr(), cumulative.data_ptr(), lengths.data_ptr(), counts.data_ptr(),
+            self.scratch.data_ptr(), self.cache_copy.data_ptr(), self.quantized.data_ptr(),
+            self.row_scales.data_ptr(), row_index.data_ptr())
+        lengths_of = lengths.tolist()
+        return [[(tokens[s, h, :n], cumulative[s, h, :n]) for h, n in enumerate(lengths_of[s][:count])]
+                for s, count in enumerate(counts.tolist())]
 
 
 def padded_width(dim: int) -> int:

@@ -5,6 +5,9 @@
 
 #include <math.h>
 #include <stddef.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "kernels.h"
 
@@ -37,6 +40,25 @@ void fp_layer_norm(float *x, int64_t M, int64_t D, const float *w, const float *
     }
 }
 
+/* q . k over n floats: eight lanes at a time where n allows (the order of the sum is this function's: the tests
+ * compare with fairseq to float rounding, and every caller of a layer shares it). */
+static inline float dot(const float *q, const float *k, int64_t n) {
+    int64_t d = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    if (n >= 8) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+        for (d = 8; d + 8 <= n; d += 8)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        s = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+    }
+#endif
+    for (; d < n; ++d) s += q[d] * k[d];
+    return s;
+}
+
 /* softmax(q . keys[j] * scaling over j < length, masked) . values -> out (head_dim); keys/values rows of
  * head_dim floats, stride apart; scores: room for length floats. */
 static void attend(const float *q, const float *keys, const float *values, int64_t length, int64_t stride,
@@ -44,10 +66,7 @@ static void attend(const float *q, const float *keys, const float *values, int64
     float best = -INFINITY;
     for (int64_t j = 0; j < length; ++j) {
         if (mask && !mask[j]) { scores[j] = -INFINITY; continue; }
-        const float *k = keys + j * stride;
-        float s = 0.0f;
-        for (int64_t d = 0; d < head_dim; ++d) s += q[d] * k[d];
-        scores[j] = s * scaling;
+        scores[j] = dot(q, keys + j * stride, head_dim) * scaling;
         best = scores[j] > best ? scores[j] : best;
     }
     float total = 0.0f;
@@ -106,8 +125,11 @@ static void feed_forward(const fp_layer *L, float *x, int64_t M, float *residual
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
                            const uint8_t *source_attend, const uint8_t *self_attend, float *scratch, int8_t *qbuf,
-                           float *sbuf, int64_t group, int64_t causal) {
+                           float *sbuf, int64_t group, int64_t causal, const int64_t *cache_rows,
+                           const int64_t *source_rows) {
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
+#define CACHE_ROW(m) (cache_rows ? cache_rows[(m) / group] : (m) / group)
+#define SOURCE_ROW(m) (source_rows ? source_rows[(m) / group] : (m) / group)
     float *residual = scratch, *qkv = residual + M * D, *context = qkv + 3 * M * D, *hidden = context + M * D;
     float *scores = hidden + M * F;
     /* self-attention over the prefix (the group's keys first: position t + i attends to keys up to t + i, or
@@ -117,15 +139,15 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
             const float *row = qkv + m * 3 * D;
-            const int64_t cache = (m / group) * H + h, position = t + m % group;
+            const int64_t cache = CACHE_ROW(m) * H + h, position = t + m % group;
             float *k = keys + (cache * capacity + position) * hd, *v = values + (cache * capacity + position) * hd;
             for (int64_t d = 0; d < hd; ++d) { k[d] = row[D + h * hd + d]; v[d] = row[2 * D + h * hd + d]; }
         }
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
-            const int64_t cache = (m / group) * H + h, length = causal ? t + m % group + 1 : t + group;
+            const int64_t cache = CACHE_ROW(m) * H + h, length = causal ? t + m % group + 1 : t + group;
             attend(qkv + m * 3 * D + h * hd, keys + cache * capacity * hd, values + cache * capacity * hd, length,
-                   hd, hd, L->scaling, self_attend ? self_attend + (m / group) * capacity : NULL, scores,
+                   hd, hd, L->scaling, self_attend ? self_attend + CACHE_ROW(m) * capacity : NULL, scores,
                    context + m * D + h * hd);
         }
     fp_matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
@@ -135,7 +157,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     fp_matrix_product(&L->cross_q, x, M, qkv, qbuf, sbuf);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t h = 0; h < H; ++h) {
-            const int64_t source = m / group;
+            const int64_t source = SOURCE_ROW(m);
             attend(qkv + m * D + h * hd, cross_keys + (source * H + h) * S * hd,
                    cross_values + (source * H + h) * S * hd, S, hd, hd, L->scaling,
                    source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd);
@@ -143,6 +165,8 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
     fp_matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
     sublayer_leave(L, x, M, D, residual, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
     feed_forward(L, x, M, residual, hidden, qbuf, sbuf);
+#undef CACHE_ROW
+#undef SOURCE_ROW
 }
 
 /* One fairseq TransformerEncoderLayer in eval mode over one sentence: x (S, D), its S tokens (no padding), in

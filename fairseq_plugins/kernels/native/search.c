@@ -1,6 +1,6 @@
-/* A sentence's whole search in one call: greedy (fp_greedy_search) and fairseq's beam search at batch 1
- * (fp_beam_search), the decoder's every step (embedding, layers, final norm, output layer, log-softmax) and the
- * search's bookkeeping in C. */
+/* A whole search in one call: a sentence's greedy search (fp_greedy_search) and fairseq's beam search over a batch
+ * of sentences (fp_beam_search), the decoder's every step (embedding, layers, final norm, output layer,
+ * log-softmax) and the search's bookkeeping in C. */
 
 #include <math.h>
 #include <string.h>
@@ -35,9 +35,18 @@ static inline __m256 exp8(__m256 x) {
 /* max + log(sum exp(x - max)) of a row: what log-softmax subtracts from each logit. */
 static float log_normalizer(const float *x, int64_t n) {
     float top = -INFINITY;
-    for (int64_t v = 0; v < n; ++v) top = x[v] > top ? x[v] : top;
-    float sum = 0.0f;
     int64_t v = 0;
+#if defined(__AVX2__)
+    /* (max_ps returns its second operand when either is NaN: NaNs are skipped, as the scalar loop skips them) */
+    __m256 tops = _mm256_set1_ps(-INFINITY);
+    for (; v + 8 <= n; v += 8) tops = _mm256_max_ps(_mm256_loadu_ps(x + v), tops);
+    float lane_tops[8];
+    _mm256_storeu_ps(lane_tops, tops);
+    for (int i = 0; i < 8; ++i) top = lane_tops[i] > top ? lane_tops[i] : top;
+#endif
+    for (; v < n; ++v) top = x[v] > top ? x[v] : top;
+    float sum = 0.0f;
+    v = 0;
 #if defined(__AVX2__)
     __m256 sums = _mm256_setzero_ps(), shift = _mm256_set1_ps(top);
     for (; v + 8 <= n; v += 8) sums = _mm256_add_ps(sums, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + v), shift)));
@@ -58,16 +67,17 @@ static float log_normalizer(const float *x, int64_t n) {
  * pad never, unk penalised, no end token before min_len tokens, only the end token at max_len; the cumulative
  * float32 score of the best token a step; the first of equal scores wins (torch.topk's order). */
 
-/* The decoder at step `step` on `rows` hypotheses, whose last tokens are previous[r * stride]: x (rows, D) the
- * embeddings, then every layer (keys/values/cross as for fp_decoder_layer_step), the final norm; logits (rows, V)
- * the output layer's. */
-static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t stride, int64_t rows, int64_t step,
+/* The decoder at step `step` on `rows` hypotheses, whose last tokens are previous[r]: x (rows, D) the embeddings,
+ * then every layer (keys/values/cross as for fp_decoder_layer_step, hypothesis r in cache row cache_rows[r] and
+ * source row source_rows[r], or row r where NULL), the final norm; logits (rows, V) the output layer's. */
+static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t rows, int64_t step,
                         float *const *keys, float *const *values, int64_t capacity, const float *const *cross_keys,
-                        const float *const *cross_values, int64_t S, float *x, float *logits, float *layer_scratch,
-                        int8_t *qbuf, float *sbuf) {
+                        const float *const *cross_values, int64_t S, const uint8_t *source_attend,
+                        const int64_t *cache_rows, const int64_t *source_rows, float *x, float *logits,
+                        float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
     for (int64_t r = 0; r < rows; ++r) {
-        const float *embedding = Dec->embed_tokens + previous[r * stride] * D;
+        const float *embedding = Dec->embed_tokens + previous[r] * D;
         float *row = x + r * D;
         for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
         if (Dec->positions) {
@@ -77,7 +87,8 @@ static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t 
     }
     for (int64_t l = 0; l < Dec->n_layers; ++l)
         fp_decoder_layer_step(Dec->layers[l], x, rows, keys[l], values[l], capacity, step, cross_keys[l],
-                              cross_values[l], S, NULL, NULL, layer_scratch, qbuf, sbuf, 1, 1);
+                              cross_values[l], S, source_attend, NULL, layer_scratch, qbuf, sbuf, 1, 1, cache_rows,
+                              source_rows);
     if (Dec->final_norm_weight)
         fp_layer_norm(x, rows, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
     fp_matrix_product(&Dec->output, x, rows, logits, qbuf, sbuf);
@@ -110,8 +121,8 @@ int64_t fp_greedy_search(const fp_decoder *Dec, float *const *keys, float *const
     int64_t previous = bos;
     float total = 0.0f;
     for (int64_t step = 0; step <= max_len; ++step) {
-        decode_rows(Dec, &previous, 0, 1, step, keys, values, capacity, cross_keys, cross_values, S, x, logits,
-                    layer_scratch, qbuf, sbuf);
+        decode_rows(Dec, &previous, 1, step, keys, values, capacity, cross_keys, cross_values, S, NULL, NULL, NULL,
+                    x, logits, layer_scratch, qbuf, sbuf);
         const float shift = log_normalizer(logits, V); /* log-softmax: x - shift */
         /* the rules, then the best token: the first of the highest (lprob + total) */
         int64_t choice = -1;
@@ -130,14 +141,16 @@ int64_t fp_greedy_search(const fp_decoder *Dec, float *const *keys, float *const
     return max_len + 1;
 }
 
-/* ---- beam search of one sentence, every step in C ---------------------------------------------------------
+/* ---- beam search of a batch of sentences, every step in C ------------------------------------------------
  *
- * fairseq's SequenceGenerator with its BeamSearch at batch 1, step for step: the same step rules as the greedy
- * search above; at step 0 only the first hypothesis (all are alike); the 2 * beam best (hypothesis, token)
- * candidates by cumulative score (the first of equal scores wins); of the first `beam` of them, those ending
- * in the end token (a finite score) are finished hypotheses, kept while fewer than `beam` are; the first `beam`
- * candidates that are not are the next step's hypotheses; the search stops when `beam` hypotheses are finished
- * or at max_len. */
+ * fairseq's SequenceGenerator with its BeamSearch, step for step, each sentence as it searches alone: the same
+ * step rules as the greedy search above; at step 0 only the first hypothesis (all are alike); the 2 * beam best
+ * (hypothesis, token) candidates by cumulative score (the first of equal scores wins); of the first `beam` of
+ * them, those ending in the end token (a finite score) are finished hypotheses, kept while fewer than `beam`
+ * are; the first `beam` candidates that are not are the next step's hypotheses; a sentence stops when `beam`
+ * hypotheses are finished or at max_len (the batch's: fairseq's limit is the batch's). The sentences still
+ * searching step together: their hypotheses are the rows of one decoder pass, each reading its own cache rows
+ * and its sentence's source, so a sentence that stops moves nothing (fairseq's batch shrinks instead). */
 
 /* Keep the best `k` of (score, index) pairs in best/best_index, sorted by score descending, index ascending. */
 static void keep_best(float score, int64_t index, float *best, int64_t *best_index, int64_t k, int64_t *count) {
@@ -154,89 +167,162 @@ static void keep_best(float score, int64_t index, float *best, int64_t *best_ind
     if (n < k) *count = n + 1;
 }
 
-/* keys/values[l]: (beam, heads, capacity, head_dim), capacity > max_len; cross_keys/values[l]: (beam, heads, S,
- * head_dim), every row the sentence's; beam <= 32. hist_tokens, hist_scores: room for 2 * beam * (max_len + 2)
- * each (the hypotheses' tokens and cumulative scores, this step's and the next's). out_tokens, out_cumulative:
- * room for beam * (max_len + 1) each (finished hypothesis h's tokens, end token included, and its cumulative
- * score after each, from h * (max_len + 1)); out_lengths: beam. scratch: beam * (6 D + V + ffn) + 2 * beam +
- * max(capacity, S) floats; cache_copy: beam * heads * capacity * head_dim floats; qbuf: beam * max(width)
- * bytes; sbuf: beam floats. Returns the number of finished hypotheses, in the order fairseq finalises them. */
-int64_t fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *values, int64_t capacity,
-                       const float *const *cross_keys, const float *const *cross_values, int64_t S, int64_t beam,
-                       int64_t bos, int64_t eos, int64_t pad, int64_t unk, float unk_penalty, int64_t min_len,
-                       int64_t max_len, int64_t *hist_tokens, float *hist_scores, int64_t *out_tokens,
-                       float *out_cumulative, int64_t *out_lengths, float *scratch, float *cache_copy,
-                       int8_t *qbuf, float *sbuf) {
-    const int64_t D = Dec->dim, V = Dec->vocab, width = max_len + 2, K = 2 * beam;
-    int64_t *tokens = hist_tokens, *next_tokens = hist_tokens + beam * width;
-    float *scores = hist_scores, *next_scores = hist_scores + beam * width;
-    float *x = scratch, *logits = x + beam * D, *best = logits + beam * V, *layer_scratch = best + K;
-    int64_t best_index[64]; /* K <= 64: beam <= 32 (checked by the caller) */
-    int64_t finished = 0, rows = 1;
-    int64_t parents[32];
-    tokens[0] = bos;
-    for (int64_t step = 0; step <= max_len; ++step) {
-        /* the decoder on each hypothesis's last token */
-        decode_rows(Dec, tokens + step, width, rows, step, keys, values, capacity, cross_keys, cross_values, S, x,
-                    logits, layer_scratch, qbuf, sbuf);
-        /* log-softmax, the rules, the cumulative score; the 2 * beam best candidates */
-        const int64_t k = K < rows * V - 1 ? K : rows * V - 1;
-        int64_t count = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-            float *row = logits + r * V;
-            const float shift = log_normalizer(row, V);
-            const float history = step > 0 ? scores[r * width + step - 1] : 0.0f;
-            for (int64_t v = 0; v < V; ++v) {
-                const float lp = ruled(row[v] - shift, v, step, eos, pad, unk, unk_penalty, min_len, max_len);
-                keep_best(step > 0 ? lp + history : lp, r * V + v, best, best_index, k, &count);
-            }
+/* One hypothesis's candidates (logits row, log-softmax shift, cumulative score `history` or none at step 0)
+ * offered to keep_best in index order, as indices base + v. Once k are kept, a block of 8 words that holds no
+ * special word (eos, pad, unk: their rules are not monotone in the logit) is skipped when no logit in it can
+ * beat the k-th score: the bound is loosened by far more than the rounding of (logit - shift) + history, so
+ * only candidates keep_best would refuse are skipped, and the kept ones are exactly the full scan's. */
+static void offer_row(const float *row, int64_t V, float shift, float history, int has_history, int64_t base,
+                      int64_t step, int64_t eos, int64_t pad, int64_t unk, float unk_penalty, int64_t min_len,
+                      int64_t max_len, float *best, int64_t *best_index, int64_t k, int64_t *count) {
+    int64_t v = 0;
+#define OFFER(word)                                                                                             \
+    do {                                                                                                        \
+        const float lp = ruled(row[word] - shift, word, step, eos, pad, unk, unk_penalty, min_len, max_len);    \
+        keep_best(has_history ? lp + history : lp, base + (word), best, best_index, k, count);                  \
+    } while (0)
+#if defined(__AVX2__)
+    for (; v < V && *count < k; ++v) OFFER(v);
+    for (; v + 8 <= V; v += 8) {
+        const int special = (eos >= v && eos < v + 8) || (pad >= v && pad < v + 8) || (unk >= v && unk < v + 8);
+        if (!special) {
+            const float floor = best[k - 1], slack = 1e-4f * (fabsf(floor) + fabsf(history) + fabsf(shift) + 1.0f);
+            const float bound = floor - (has_history ? history : 0.0f) + shift - slack;
+            const int above = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_loadu_ps(row + v), _mm256_set1_ps(bound), _CMP_GT_OQ));
+            if (!above) continue;
         }
-        /* finished hypotheses among the first `beam` candidates */
-        for (int64_t c = 0; c < beam && c < count; ++c) {
-            const int64_t r = best_index[c] / V, v = best_index[c] % V;
-            if (v != eos || best[c] == -INFINITY || finished >= beam) continue;
-            int64_t *hypothesis = out_tokens + finished * (max_len + 1);
-            float *cumulative = out_cumulative + finished * (max_len + 1);
-            for (int64_t t = 0; t < step; ++t) {
-                hypothesis[t] = tokens[r * width + t + 1];
-                cumulative[t] = scores[r * width + t];
-            }
-            hypothesis[step] = eos;
-            cumulative[step] = best[c];
-            out_lengths[finished++] = step + 1;
-        }
-        if (finished == beam || step == max_len) break;
-        /* the next hypotheses: the first `beam` candidates that do not end */
-        int64_t next = 0;
-        for (int64_t c = 0; c < count && next < beam; ++c) {
-            const int64_t r = best_index[c] / V, v = best_index[c] % V;
-            if (v == eos && best[c] != -INFINITY) continue;
-            for (int64_t t = 0; t <= step; ++t) next_tokens[next * width + t] = tokens[r * width + t];
-            for (int64_t t = 0; t < step; ++t) next_scores[next * width + t] = scores[r * width + t];
-            next_tokens[next * width + step + 1] = v;
-            next_scores[next * width + step] = best[c];
-            parents[next++] = r;
-        }
-        int64_t *swap_tokens = tokens; tokens = next_tokens; next_tokens = swap_tokens;
-        float *swap_scores = scores; scores = next_scores; next_scores = swap_scores;
-        /* the caches follow each new hypothesis's parent (positions 0 .. step) */
-        for (int64_t l = 0; l < Dec->n_layers; ++l) {
-            const fp_layer *L = Dec->layers[l];
-            const int64_t slab = L->heads * capacity * L->head_dim, filled = (step + 1) * L->head_dim;
-            float *caches[2] = {keys[l], values[l]};
-            for (int64_t which = 0; which < 2; ++which) {
-                float *cache = caches[which];
-                for (int64_t r = 0; r < rows; ++r)
-                    for (int64_t h = 0; h < L->heads; ++h)
-                        memcpy(cache_copy + (r * L->heads + h) * filled, cache + r * slab + h * capacity * L->head_dim,
-                               filled * sizeof(float));
-                for (int64_t r = 0; r < next; ++r)
-                    for (int64_t h = 0; h < L->heads; ++h)
-                        memcpy(cache + r * slab + h * capacity * L->head_dim,
-                               cache_copy + (parents[r] * L->heads + h) * filled, filled * sizeof(float));
-            }
-        }
-        rows = next;
+        for (int64_t w = v; w < v + 8; ++w) OFFER(w);
     }
-    return finished;
+#endif
+    for (; v < V; ++v) OFFER(v);
+#undef OFFER
+}
+
+/* `sentences` sentences of up to `beam` hypotheses each; hypothesis j of sentence s lives in cache row
+ * s * beam + j. keys/values[l]: (sentences * beam, heads, capacity, head_dim), capacity > max_len;
+ * cross_keys/values[l]: (sentences, heads, S, head_dim); source_attend: (sentences, S), 1 where a source token is
+ * (fairseq masks the padding of a batch's shorter sources), or NULL; beam <= 32. hist_tokens, hist_scores: room
+ * for sentences * 2 * beam * (max_len + 2) each (each sentence's hypotheses' tokens and cumulative scores, this
+ * step's and the next's). out_tokens, out_cumulative: room for sentences * beam * (max_len + 1) each (sentence
+ * s's finished hypothesis h: its tokens, end token included, and its cumulative score after each, from
+ * (s * beam + h) * (max_len + 1)); out_lengths: sentences * beam; out_counts: sentences (how many each
+ * finished, in the order fairseq finalises them). scratch: R * (6 D + V + ffn) + 2 * beam + max(capacity, S)
+ * floats with R = sentences * beam; cache_copy: beam * heads * capacity * head_dim floats; qbuf: R * max(width)
+ * bytes; sbuf: R floats; rows: 3 * R + sentences int64. */
+void fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *values, int64_t capacity,
+                    const float *const *cross_keys, const float *const *cross_values, int64_t S,
+                    const uint8_t *source_attend, int64_t sentences, int64_t beam, int64_t bos, int64_t eos,
+                    int64_t pad, int64_t unk, float unk_penalty, int64_t min_len, int64_t max_len,
+                    int64_t *hist_tokens, float *hist_scores, int64_t *out_tokens, float *out_cumulative,
+                    int64_t *out_lengths, int64_t *out_counts, float *scratch, float *cache_copy, int8_t *qbuf,
+                    float *sbuf, int64_t *rows) {
+    const int64_t D = Dec->dim, V = Dec->vocab, width = max_len + 2, K = 2 * beam, R = sentences * beam;
+    const int64_t share = 2 * beam * width; /* a sentence's part of hist_tokens / hist_scores */
+    float *x = scratch, *logits = x + R * D, *best = logits + R * V, *layer_scratch = best + K;
+    int64_t *cache_rows = rows, *source_rows = rows + R, *previous = rows + 2 * R, *live = rows + 3 * R;
+    int64_t best_index[64]; /* K <= 64: beam <= 32 (checked by the caller) */
+    int64_t parents[32];
+    int64_t current = 0; /* which half of each sentence's history is this step's */
+    int64_t searching = sentences;
+    for (int64_t s = 0; s < sentences; ++s) {
+        out_counts[s] = 0;
+        live[s] = 1; /* step 0: the first hypothesis only */
+        hist_tokens[s * share] = bos;
+    }
+    for (int64_t step = 0; step <= max_len && searching > 0; ++step) {
+        /* the rows of this step: every hypothesis of the sentences still searching */
+        int64_t n = 0;
+        for (int64_t s = 0; s < sentences; ++s) {
+            if (out_counts[s] < 0) continue; /* (stopped: -1 - its count) */
+            const int64_t *tokens = hist_tokens + s * share + current * beam * width;
+            for (int64_t j = 0; j < live[s]; ++j, ++n) {
+                cache_rows[n] = s * beam + j;
+                source_rows[n] = s;
+                previous[n] = tokens[j * width + step];
+            }
+        }
+        decode_rows(Dec, previous, n, step, keys, values, capacity, cross_keys, cross_values, S, source_attend,
+                    cache_rows, source_rows, x, logits, layer_scratch, qbuf, sbuf);
+        int64_t first_row = 0;
+        for (int64_t s = 0; s < sentences; ++s) {
+            if (out_counts[s] < 0) continue;
+            int64_t *tokens = hist_tokens + s * share + current * beam * width;
+            int64_t *next_tokens = hist_tokens + s * share + (1 - current) * beam * width;
+            float *scores = hist_scores + s * share + current * beam * width;
+            float *next_scores = hist_scores + s * share + (1 - current) * beam * width;
+            const int64_t hypotheses = live[s];
+            const float *sentence_logits = logits + first_row * V;
+            first_row += hypotheses;
+            /* log-softmax, the rules, the cumulative score; the 2 * beam best candidates */
+            const int64_t k = K < hypotheses * V - 1 ? K : hypotheses * V - 1;
+            int64_t count = 0;
+            for (int64_t r = 0; r < hypotheses; ++r) {
+                const float *row = sentence_logits + r * V;
+                offer_row(row, V, log_normalizer(row, V), step > 0 ? scores[r * width + step - 1] : 0.0f, step > 0,
+                          r * V, step, eos, pad, unk, unk_penalty, min_len, max_len, best, best_index, k, &count);
+            }
+            /* finished hypotheses among the first `beam` candidates */
+            int64_t finished = out_counts[s];
+            for (int64_t c = 0; c < beam && c < count; ++c) {
+                const int64_t r = best_index[c] / V, v = best_index[c] % V;
+                if (v != eos || best[c] == -INFINITY || finished >= beam) continue;
+                int64_t *hypothesis = out_tokens + (s * beam + finished) * (max_len + 1);
+                float *cumulative = out_cumulative + (s * beam + finished) * (max_len + 1);
+                for (int64_t t = 0; t < step; ++t) {
+                    hypothesis[t] = tokens[r * width + t + 1];
+                    cumulative[t] = scores[r * width + t];
+                }
+                hypothesis[step] = eos;
+                cumulative[step] = best[c];
+                out_lengths[s * beam + finished++] = step + 1;
+            }
+            out_counts[s] = finished;
+            if (finished == beam || step == max_len) {
+                out_counts[s] = -1 - finished;
+                --searching;
+                continue;
+            }
+            /* the next hypotheses: the first `beam` candidates that do not end */
+            int64_t next = 0;
+            for (int64_t c = 0; c < count && next < beam; ++c) {
+                const int64_t r = best_index[c] / V, v = best_index[c] % V;
+                if (v == eos && best[c] != -INFINITY) continue;
+                for (int64_t t = 0; t <= step; ++t) next_tokens[next * width + t] = tokens[r * width + t];
+                for (int64_t t = 0; t < step; ++t) next_scores[next * width + t] = scores[r * width + t];
+                next_tokens[next * width + step + 1] = v;
+                next_scores[next * width + step] = best[c];
+                parents[next++] = r;
+            }
+            live[s] = next;
+            /* the caches follow each new hypothesis's parent (positions 0 .. step): the parents of moved
+             * hypotheses are copied aside first, then each moved hypothesis's row is written once */
+            for (int64_t l = 0; l < Dec->n_layers; ++l) {
+                const fp_layer *L = Dec->layers[l];
+                const int64_t slab = L->heads * capacity * L->head_dim, filled = (step + 1) * L->head_dim;
+                float *caches[2] = {keys[l] + s * beam * slab, values[l] + s * beam * slab};
+                for (int64_t which = 0; which < 2; ++which) {
+                    float *cache = caches[which];
+                    int64_t copied = 0; /* bit r: parent r is aside */
+                    for (int64_t j = 0; j < next; ++j) {
+                        const int64_t r = parents[j];
+                        if (r == j || (copied >> r) & 1) continue;
+                        copied |= (int64_t)1 << r;
+                        for (int64_t h = 0; h < L->heads; ++h)
+                            memcpy(cache_copy + (r * L->heads + h) * filled,
+                                   cache + r * slab + h * capacity * L->head_dim, filled * sizeof(float));
+                    }
+                    for (int64_t j = 0; j < next; ++j) {
+                        if (parents[j] == j) continue;
+                        for (int64_t h = 0; h < L->heads; ++h)
+                            memcpy(cache + j * slab + h * capacity * L->head_dim,
+                                   cache_copy + (parents[j] * L->heads + h) * filled, filled * sizeof(float));
+                    }
+                }
+            }
+        }
+        current = 1 - current;
+    }
+    for (int64_t s = 0; s < sentences; ++s)
+        if (out_counts[s] < 0) out_counts[s] = -1 - out_counts[s];
 }
