@@ -28,15 +28,45 @@ void fp_matrix_product(const fp_matrix *A, const float *x, int64_t M, float *y, 
     fp_int8_gemm(q, scales, M, A->values, A->scales, A->out, A->width, A->bias, y);
 }
 
+/* The sum of n floats, in eight lanes where AVX2 is (then the lanes added in order). */
+static inline float sum_of(const float *x, int64_t n) {
+    int64_t d = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    if (n >= 8) {
+        __m256 acc = _mm256_loadu_ps(x);
+        for (d = 8; d + 8 <= n; d += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + d));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        for (int i = 0; i < 8; ++i) s += lanes[i];
+    }
+#endif
+    for (; d < n; ++d) s += x[d];
+    return s;
+}
+
 void fp_layer_norm(float *x, int64_t M, int64_t D, const float *w, const float *b, float eps) {
     for (int64_t m = 0; m < M; ++m) {
         float *row = x + m * D;
-        float mean = 0.0f, var = 0.0f;
-        for (int64_t d = 0; d < D; ++d) mean += row[d];
-        mean /= (float)D;
-        for (int64_t d = 0; d < D; ++d) var += (row[d] - mean) * (row[d] - mean);
+        const float mean = sum_of(row, D) / (float)D;
+        float var = 0.0f;
+        int64_t d = 0;
+#if defined(__AVX2__)
+        if (D >= 8) {
+            const __m256 means = _mm256_set1_ps(mean);
+            __m256 acc = _mm256_setzero_ps();
+            for (; d + 8 <= D; d += 8) {
+                const __m256 centred = _mm256_sub_ps(_mm256_loadu_ps(row + d), means);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(centred, centred));
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc);
+            for (int i = 0; i < 8; ++i) var += lanes[i];
+        }
+#endif
+        for (; d < D; ++d) var += (row[d] - mean) * (row[d] - mean);
         float inv = 1.0f / sqrtf(var / (float)D + eps);
-        for (int64_t d = 0; d < D; ++d) row[d] = (row[d] - mean) * inv * w[d] + b[d];
+        for (d = 0; d < D; ++d) row[d] = (row[d] - mean) * inv * w[d] + b[d];
     }
 }
 
@@ -59,26 +89,71 @@ static inline float dot(const float *q, const float *k, int64_t n) {
     return s;
 }
 
+#if defined(__AVX2__)
+/* q . k0 .. q . k3 over n floats, n a multiple of 8 (each as dot's order: lanes, then their pairwise sums). */
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
+                        int64_t n, float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < n; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + d)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + d)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + d)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + d)));
+    }
+    /* (hadd pairs neighbouring lanes: the four sums at once) */
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+#endif
+
 /* softmax(q . keys[j] * scaling over j < length, masked) . values -> out (head_dim); keys/values rows of
  * head_dim floats, stride apart; scores: room for length floats. */
 static void attend(const float *q, const float *keys, const float *values, int64_t length, int64_t stride,
                    int64_t head_dim, float scaling, const uint8_t *mask, float *scores, float *out) {
     float best = -INFINITY;
-    for (int64_t j = 0; j < length; ++j) {
+    int64_t j = 0;
+#if defined(__AVX2__)
+    if (head_dim % 8 == 0)
+        for (; j + 4 <= length; j += 4)
+            dot4(q, keys + j * stride, keys + (j + 1) * stride, keys + (j + 2) * stride, keys + (j + 3) * stride,
+                 head_dim, scores + j);
+#endif
+    for (; j < length; ++j) scores[j] = dot(q, keys + j * stride, head_dim);
+    for (j = 0; j < length; ++j) {
         if (mask && !mask[j]) { scores[j] = -INFINITY; continue; }
-        scores[j] = dot(q, keys + j * stride, head_dim) * scaling;
+        scores[j] = scores[j] * scaling;
         best = scores[j] > best ? scores[j] : best;
     }
     float total = 0.0f;
-    for (int64_t j = 0; j < length; ++j) {
+    for (j = 0; j < length; ++j) {
         scores[j] = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - best);
         total += scores[j];
     }
-    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < length; ++j) {
+    int64_t d = 0;
+#if defined(__AVX2__)
+    /* out[d] = sum over j of p_j v_j[d], in j's order as the scalar loop: 32 of d at a time in registers */
+    for (; d + 32 <= head_dim; d += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (j = 0; j < length; ++j) {
+            const __m256 p = _mm256_set1_ps(scores[j] / total);
+            const float *v = values + j * stride + d;
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(p, _mm256_loadu_ps(v)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(p, _mm256_loadu_ps(v + 8)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(p, _mm256_loadu_ps(v + 16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(p, _mm256_loadu_ps(v + 24)));
+        }
+        _mm256_storeu_ps(out + d, o0);
+        _mm256_storeu_ps(out + d + 8, o1);
+        _mm256_storeu_ps(out + d + 16, o2);
+        _mm256_storeu_ps(out + d + 24, o3);
+    }
+#endif
+    for (int64_t e = d; e < head_dim; ++e) out[e] = 0.0f;
+    for (j = 0; j < length; ++j) {
         const float p = scores[j] / total;
         const float *v = values + j * stride;
-        for (int64_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
+        for (int64_t e = d; e < head_dim; ++e) out[e] += p * v[e];
     }
 }
 

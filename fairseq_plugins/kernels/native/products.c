@@ -18,23 +18,50 @@
 
 #include "kernels.h"
 
-/* Each row of x (M, K) as int8 q (M, Kp), zero padded to Kp, and its scale; a row of zeros gets scale 1. */
+/* Each row of x (M, K) as int8 q (M, Kp), zero padded to Kp, and its scale; a row of zeros gets scale 1. The
+ * AVX2 path does each element's arithmetic as the scalar one (the same max, product, round half to even and
+ * clamp to +-127: clamping before or after rounding to the integer bounds is the same), 32 at a time. */
 void fp_quantize_rows(const float *x, int64_t M, int64_t K, int64_t Kp, int8_t *q, float *scales) {
     for (int64_t m = 0; m < M; ++m) {
         const float *row = x + m * K;
         float amax = 0.0f;
-        for (int64_t k = 0; k < K; ++k) {
+        int64_t k = 0;
+#if defined(__AVX2__)
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 amaxes = _mm256_setzero_ps();
+        for (; k + 8 <= K; k += 8) amaxes = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(row + k)), amaxes);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, amaxes);
+        for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+#endif
+        for (; k < K; ++k) {
             float a = fabsf(row[k]);
             amax = a > amax ? a : amax;
         }
         float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
         float inverse = 1.0f / scale;
         int8_t *out = q + m * Kp;
-        for (int64_t k = 0; k < K; ++k) {
+        k = 0;
+#if defined(__AVX2__)
+        const __m256 factor = _mm256_set1_ps(inverse), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#define QUANTIZED(offset)                                                                                       \
+    _mm256_cvtps_epi32(_mm256_round_ps(                                                                         \
+        _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k + (offset)), factor), bottom), top),  \
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+        for (; k + 32 <= K; k += 32) {
+            const __m256i low = _mm256_packs_epi32(QUANTIZED(0), QUANTIZED(8));
+            const __m256i high = _mm256_packs_epi32(QUANTIZED(16), QUANTIZED(24));
+            _mm256_storeu_si256((__m256i *)(out + k),
+                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(low, high), order));
+        }
+#undef QUANTIZED
+#endif
+        for (; k < K; ++k) {
             float v = nearbyintf(row[k] * inverse);
             out[k] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
         }
-        for (int64_t k = K; k < Kp; ++k) out[k] = 0;
+        for (k = K; k < Kp; ++k) out[k] = 0;
         scales[m] = scale;
     }
 }
