@@ -72,6 +72,20 @@ def test_make_results_refuses_a_missing_or_unrecorded_model(pinned_tree):
     assert proc.returncode == 1 and "model-c: work/c/checkpoint.pt is not on this machine (train it:" in proc.stdout
 
 
+def test_a_superseded_model_is_neither_hashed_nor_required(pinned_tree):
+    """An earlier model whose path now holds a retrained, pinned one (the baseline retrained on a new machine):
+    its figures keep their name, and make results does not ask to train it again."""
+    path = pinned_tree / "docs" / "results" / "models.json"
+    models = json.loads(path.read_text())
+    models["models"] = models["models"][:2] + [model("model-a-earlier", "work/a/checkpoint.pt", None,
+                                                     sha256_note="not recorded: trained elsewhere",
+                                                     superseded_by="model-a")]
+    path.write_text(json.dumps(models))
+    proc = plugins_cli("report", "--check-models", "--require-all-models", "--models", path, cwd=pinned_tree)
+    assert "model-a-earlier: superseded by model-a" in proc.stdout and "model-a: work/a/checkpoint.pt matches" \
+        in proc.stdout
+
+
 def test_the_repository_pins_every_model_its_readme_rows_use():
     """models.json names each checkpoint behind a README row: by path for the unpinned rows of today."""
     models = pinned.load_models(os.path.join(REPO, pinned.MODELS_FILE))
@@ -135,6 +149,38 @@ def test_a_flagged_ratio_never_meets_a_target(tmp_path):
     relative = {"relative_to": {"file": "r.json", "label": "slow"}}
     assert status("steady", min_speed_ratio=2.5, **relative) == MET
     assert status("two runs", min_speed_ratio=2.5, **relative) == FLAGGED
+
+
+def test_targets_against_the_same_runs_ctranslate2(tmp_path):
+    """Issue 53's targets: the ratio to CTranslate2 (flagged by its own spread or the run's), BLEU against it on
+    the whole split, and outputs identical to stock."""
+    def reference(ratio, runs, bleu_delta=-0.1):
+        return {"speed_ratio": ratio, "speed_ratio_runs": runs, "speed_ratio_min": min(runs),
+                "speed_ratio_max": max(runs), "speed_ratio_spread": (max(runs) - min(runs)) / ratio,
+                "compute_type": "int8", "bleu_delta": bleu_delta, "sentences": 10}
+    (tmp_path / "r.json").write_text(json.dumps([
+        bench_row("fast", 5.0, ctranslate2=reference(1.3, [1.28, 1.3, 1.31]), stats={
+            "outputs_identical_to_baseline": 1.0}, split_bleu={"sentences": 1000, "ctranslate2_bleu_delta": -0.4}),
+        bench_row("noisy", 5.0, ctranslate2=reference(1.3, [1.1, 1.3, 1.5]),
+                  stats={"outputs_identical_to_baseline": 0.99}),
+        bench_row("no reference", 5.0),
+    ]))
+
+    def status(label, **condition):
+        target = {"method": "fast", "target": "t", "row": {"file": "r.json", "label": label}, **condition}
+        return judge(target, str(tmp_path), lambda r: r)
+
+    assert status("fast", min_ctranslate2_ratio=1.2)["status"] == MET
+    assert "1.30x (1.28-1.31) CTranslate2 int8" in status("fast", min_ctranslate2_ratio=1.2)["measured"]
+    assert status("fast", min_ctranslate2_ratio=1.4)["status"] == NOT_MET
+    assert status("noisy", min_ctranslate2_ratio=1.2)["status"] == FLAGGED  # its own spread: 31%
+    # BLEU against CTranslate2 on the whole split (-0.4) where the bench scored it, else on the timed sentences
+    assert status("fast", max_bleu_loss_vs_ctranslate2=0.3)["status"] == NOT_MET
+    assert status("noisy", max_bleu_loss_vs_ctranslate2=0.3)["status"] == MET
+    assert status("fast", identical_outputs=True)["status"] == MET
+    assert status("noisy", identical_outputs=True)["status"] == NOT_MET
+    with pytest.raises(Exception, match="no CTranslate2 reference"):
+        status("no reference", min_ctranslate2_ratio=1.0)
 
 
 def test_every_generated_block_of_the_repository_is_current():

@@ -1,12 +1,18 @@
 """The methods' targets (docs/results/targets.json), each judged on the bench rows it names: met, not met, or
 "not met (flagged)" when the figure passes but a ratio behind it is flagged (fewer than 3 runs, a spread over
-10%, an oversubscribed machine, pass-by-pass alternation): a flagged ratio never supports a "met"."""
+10%, an oversubscribed machine, pass-by-pass alternation): a flagged ratio never supports a "met".
+
+A target's criteria: ``min_speed_ratio`` (against stock, or ``relative_to`` another row), ``min_stats``,
+``max_bleu_loss`` (against stock), ``identical_outputs`` (every output the stock generator's), and against the
+same run's CTranslate2 reference (``bench --reference ctranslate2``): ``min_ctranslate2_ratio`` (CTranslate2's
+time / the method's) and ``max_bleu_loss_vs_ctranslate2`` (on the whole split where the bench scored it)."""
 
 import json
 import os
 from typing import Dict, List, Optional
 
 from ..common.textio import InputError
+from .measure import SPREAD_FLAG
 from .report import flag_reasons, headline_bleu
 
 TARGETS_FILE = "targets.json"
@@ -66,6 +72,28 @@ def judge(target: Dict, results_dir: str, oriented) -> Dict:
     ok = True
     if "min_speed_ratio" in target:
         ok = ratio >= target["min_speed_ratio"]
+    reference = row.get("ctranslate2")
+    if "min_ctranslate2_ratio" in target or "max_bleu_loss_vs_ctranslate2" in target:
+        if not reference:
+            raise InputError(f"{target['row']['file']}: {target['row']['label']!r} has no CTranslate2 reference "
+                             f"(bench --reference ctranslate2), which target {target['target']!r} is judged on")
+    if "min_ctranslate2_ratio" in target:
+        measured.append(f"{reference['speed_ratio']:.2f}x ({reference['speed_ratio_min']:.2f}-"
+                        f"{reference['speed_ratio_max']:.2f}) CTranslate2 {reference['compute_type']}")
+        if reference.get("speed_ratio_spread", 0) > SPREAD_FLAG:
+            flags.append(f"the CTranslate2 ratios spread over {100 * reference['speed_ratio_spread']:.0f}% of the "
+                         f"median")
+        ok = ok and reference["speed_ratio"] >= target["min_ctranslate2_ratio"]
+    if "max_bleu_loss_vs_ctranslate2" in target:
+        whole = row.get("split_bleu") or {}
+        delta, basis = ((whole["ctranslate2_bleu_delta"], whole["sentences"]) if "ctranslate2_bleu_delta" in whole
+                        else (reference["bleu_delta"], reference["sentences"]))
+        measured.append(f"BLEU {delta:+.2f} against CTranslate2 ({basis} sentences)")
+        ok = ok and delta >= -target["max_bleu_loss_vs_ctranslate2"]
+    if target.get("identical_outputs"):
+        share = (row.get("stats") or {}).get("outputs_identical_to_baseline")
+        measured.append(f"outputs identical to stock: {'?' if share is None else f'{100 * share:.1f}%'}")
+        ok = ok and share == 1.0
     for stat, least in target.get("min_stats", {}).items():  # e.g. blockwise's mean accepted block size
         value = (row.get("stats") or {}).get(stat)
         measured.append(f"{stat.replace('_', ' ')} {value}")
@@ -76,7 +104,8 @@ def judge(target: Dict, results_dir: str, oriented) -> Dict:
         ok = ok and bleu["delta"] >= -target["max_bleu_loss"]
     status = NOT_MET
     if ok:
-        status = FLAGGED if flags and "min_speed_ratio" in target else MET
+        timed = {"min_speed_ratio", "min_ctranslate2_ratio"} & set(target)
+        status = FLAGGED if flags and timed else MET
     text = ", ".join(measured)
     if status == FLAGGED:
         text += f"; flagged: {'; '.join(flags)}"

@@ -5,10 +5,10 @@ Only the model side changes: ``FastStepEnsemble`` replaces fairseq's ``EnsembleM
 reordering of the incremental state and of the encoder output), so beam search, greedy decoding, sampling,
 length limits, --prefix-size, --constraints, --no-repeat-ngram-size and scoring are the stock generator's own
 code. With candidate lists the log-probabilities are over each sentence's list and every other word gets -inf.
-Two shortcuts give the same hypotheses with less around the model: greedy decoding (beam 1, nothing else asked)
-runs this module's own loop with fairseq's rules, and at batch 1 on the native kernels without candidate lists
-the whole search of a sentence, greedy or fairseq's beam search, is one native call (native/search.c's
-fp_greedy_search and fp_beam_search; tests/test_native_search.py).
+Two shortcuts give the same hypotheses with less around the model: on the native kernels without candidate lists
+the whole search of a batch is one native call (native/search.c: fp_greedy_search for one sentence,
+fp_beam_search, fairseq's beam search, for a batch, at beam 1 for greedy decoding; tests/test_native_search.py),
+and elsewhere greedy decoding (beam 1, nothing else asked) runs this module's own loop with fairseq's rules.
 """
 
 import math
@@ -134,8 +134,8 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         return hypotheses
 
     def _plain_search(self, prefix_tokens, constraints, bos_token) -> bool:
-        """fairseq's plain beam search (no prefix, constraints, LM, n-gram blocking, ...): at beam 1 the greedy
-        loop below applies, at batch 1 and any beam the native beam search."""
+        """fairseq's plain beam search (no prefix, constraints, LM, n-gram blocking, ...): the native searches
+        apply, or at beam 1 the greedy loop below."""
         return (type(self.search) is search.BeamSearch and prefix_tokens is None
                 and constraints is None and bos_token is None and self.lm_model is None
                 and self.repeat_ngram_blocker is None and not self.match_source_len

@@ -1,9 +1,9 @@
 """The native kernels (C, beside this file), loaded with ctypes: int8 and float32 matrix products of a few rows
 (products.c), a transformer decoder layer's incremental step and an encoder layer over one sentence
 (layer_step.c), beam search over a scored lattice (lattice_search.c), a ByteNet stack's decoding step
-(bytenet_step.c) and a sentence's whole greedy or beam search over a transformer decoder (search.c); kernels.h
-declares the structs that ``Matrix``, ``DecoderLayer``, ``ByteNetBlock`` and ``Decoder`` mirror
-(tests/test_native_layout.py holds them to the compiled layout). Registers nothing; used by the int8 matrices,
+(bytenet_step.c) and a sentence's whole greedy search or a batch's whole beam search over a transformer decoder
+(search.c); kernels.h declares the structs that ``Matrix``, ``DecoderLayer``, ``ByteNetBlock`` and ``Decoder``
+mirror (tests/test_native_layout.py holds them to the compiled layout). Registers nothing; used by the int8 matrices,
 the packed products, the decoder step and its searches, ByteNet's decoder and the lattice's beam search.
 
 No torch headers are needed (a build takes about a second, not the minute of a torch C++ extension), and

@@ -6,7 +6,7 @@
  *   layer_step.c      a fairseq transformer decoder layer's incremental step, an encoder layer over a sentence
  *   lattice_search.c  beam search over one scored lattice under a no-repeat-n-gram rule
  *   bytenet_step.c    one decoding step of a ByteNet stack of ReLU residual blocks
- *   search.c          a sentence's whole greedy or beam search (fairseq's rules) over a decoder of such layers
+ *   search.c          a sentence's greedy search, a batch's beam search (fairseq's rules) over a decoder of such layers
  *   layout.c          the structs' sizes and field offsets, for the layout test
  *
  * One thread, for decoder steps at batch 1 and beams (few rows). Compiled with -ffp-contract=off, so that the

@@ -116,10 +116,12 @@ static void attend(const float *q, const float *keys, const float *values, int64
 #if defined(__AVX2__)
     if (head_dim % 8 == 0)
         for (; j + 4 <= length; j += 4)
-            dot4(q, keys + j * stride, keys + (j + 1) * stride, keys + (j + 2) * stride, keys + (j + 3) * stride,
-                 head_dim, scores + j);
+            if (!mask || mask[j] || mask[j + 1] || mask[j + 2] || mask[j + 3]) /* (a batch's padding: skipped) */
+                dot4(q, keys + j * stride, keys + (j + 1) * stride, keys + (j + 2) * stride,
+                     keys + (j + 3) * stride, head_dim, scores + j);
 #endif
-    for (; j < length; ++j) scores[j] = dot(q, keys + j * stride, head_dim);
+    for (; j < length; ++j)
+        if (!mask || mask[j]) scores[j] = dot(q, keys + j * stride, head_dim);
     for (j = 0; j < length; ++j) {
         if (mask && !mask[j]) { scores[j] = -INFINITY; continue; }
         scores[j] = scores[j] * scaling;
@@ -136,6 +138,7 @@ static void attend(const float *q, const float *keys, const float *values, int64
     for (; d + 32 <= head_dim; d += 32) {
         __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         for (j = 0; j < length; ++j) {
+            if (scores[j] == 0.0f) continue; /* (masked, or its weight underflowed: adds nothing) */
             const __m256 p = _mm256_set1_ps(scores[j] / total);
             const float *v = values + j * stride + d;
             o0 = _mm256_add_ps(o0, _mm256_mul_ps(p, _mm256_loadu_ps(v)));
@@ -150,11 +153,13 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 #endif
     for (int64_t e = d; e < head_dim; ++e) out[e] = 0.0f;
-    for (j = 0; j < length; ++j) {
-        const float p = scores[j] / total;
-        const float *v = values + j * stride;
-        for (int64_t e = d; e < head_dim; ++e) out[e] += p * v[e];
-    }
+    if (d < head_dim)
+        for (j = 0; j < length; ++j) {
+            if (scores[j] == 0.0f) continue;
+            const float p = scores[j] / total;
+            const float *v = values + j * stride;
+            for (int64_t e = d; e < head_dim; ++e) out[e] += p * v[e];
+        }
 }
 
 /* A residual sublayer's entry: x is kept as the residual, then normalised first when the layer is pre-norm. */
