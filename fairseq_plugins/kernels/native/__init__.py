@@ -122,7 +122,7 @@ def available() -> bool:
             library.fp_float_gemm.restype = None
             library.fp_decoder_layer_step.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer,
                                                       size, size, pointer, pointer, size, pointer, pointer, pointer,
-                                                      pointer, pointer, size, size, pointer, pointer]
+                                                      pointer, pointer, size, size, pointer, pointer, pointer]
             library.fp_decoder_layer_step.restype = None
             library.fp_encoder_layer.argtypes = [ctypes.POINTER(DecoderLayer), pointer, size, pointer, pointer, pointer]
             library.fp_encoder_layer.restype = None
@@ -139,7 +139,7 @@ def available() -> bool:
             library.fp_beam_search.argtypes = [ctypes.POINTER(Decoder), pointer, pointer, size, pointer, pointer,
                                                size, pointer, size, size, size, size, size, size, ctypes.c_float,
                                                size, size, pointer, pointer, pointer, pointer, pointer, pointer,
-                                               pointer, pointer, pointer, pointer, pointer]
+                                               pointer, pointer, pointer, pointer, pointer, pointer]
             library.fp_beam_search.restype = None
             library.fp_struct_layout.argtypes = [size, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                                  ctypes.POINTER(size)]
@@ -343,7 +343,7 @@ class LayerStepper(_Scratch):
             cross_keys.data_ptr(), cross_values.data_ptr(), source_length,
             None if source_attend is None else source_attend.data_ptr(),
             None if self_attend is None else self_attend.data_ptr(), self.scratch.data_ptr(),
-            self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal), None, None)
+            self.quantized.data_ptr(), self.row_scales.data_ptr(), group, int(causal), None, None, None)
 
 
 def _check_search(decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values, rows: int,
@@ -397,10 +397,6 @@ MAX_NATIVE_BEAM = 32
 class BeamSearcher(_Scratch):
     """Runs ``fp_beam_search``: the whole beam search (fairseq's) of a batch of sentences in one call."""
 
-    def __init__(self):
-        super().__init__()
-        self.cache_copy = torch.empty(0)
-
     def __call__(self, decoder: Decoder, positions: Optional[Tensor], keys, values, cross_keys, cross_values,
                  source_attend: Optional[Tensor], beam: int, bos: int, eos: int, pad: int, unk: int,
                  unk_penalty: float, min_len: int, max_len: int):
@@ -418,11 +414,11 @@ class BeamSearcher(_Scratch):
         if source_attend is not None and not (source_attend.shape == (sentences, source_length)
                                               and source_attend.dtype == torch.bool):
             raise ValueError("fp_beam_search: source_attend must be (sentences, source length) bool")
-        heads, head_dim, rows = decoder.heads, decoder.head_dim, sentences * beam
+        rows = sentences * beam
         self.reserve(rows * (6 * d + decoder.vocab + decoder.widest_ffn) + 2 * beam + max(capacity, source_length),
                      rows, decoder.widest_input)
-        if self.cache_copy.numel() < beam * heads * capacity * head_dim:
-            self.cache_copy = torch.empty(2 * beam * heads * capacity * head_dim)
+        slots = torch.empty(rows * capacity, dtype=torch.int64)
+        slot_copy = torch.empty(beam * capacity, dtype=torch.int64)
         history_tokens = torch.empty(sentences * 2 * beam * (max_len + 2), dtype=torch.int64)
         history_scores = torch.empty(sentences * 2 * beam * (max_len + 2))
         tokens = torch.empty(sentences, beam, max_len + 1, dtype=torch.int64)
@@ -436,7 +432,7 @@ class BeamSearcher(_Scratch):
             _pointers(cross_values), source_length, None if attend is None else attend.data_ptr(), sentences, beam,
             bos, eos, pad, unk, unk_penalty, min_len, max_len, history_tokens.data_ptr(), history_scores.data_ptr(),
             tokens.data_ptr(), cumulative.data_ptr(), lengths.data_ptr(), counts.data_ptr(),
-            self.scratch.data_ptr(), self.cache_copy.data_ptr(), self.quantized.data_ptr(),
+            self.scratch.data_ptr(), slots.data_ptr(), slot_copy.data_ptr(), self.quantized.data_ptr(),
             self.row_scales.data_ptr(), row_index.data_ptr())
         lengths_of = lengths.tolist()
         return [[(tokens[s, h, :n], cumulative[s, h, :n]) for h, n in enumerate(lengths_of[s][:count])]

@@ -86,7 +86,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
                            const uint8_t *source_attend, const uint8_t *self_attend, float *scratch, int8_t *qbuf,
                            float *sbuf, int64_t group, int64_t causal, const int64_t *cache_rows,
-                           const int64_t *source_rows);
+                           const int64_t *source_rows, const int64_t *slots);
 void fp_matrix_product(const fp_matrix *A, const float *x, int64_t M, float *y, int8_t *q, float *scales);
 
 #endif

@@ -108,20 +108,22 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
 #endif
 
 /* softmax(q . keys[j] * scaling over j < length, masked) . values -> out (head_dim); keys/values rows of
- * head_dim floats, stride apart; scores: room for length floats. */
+ * head_dim floats, stride apart, each moved by shift[j] floats where shift is not NULL (a beam hypothesis's
+ * positions held in other cache rows); scores: room for length floats. */
 static void attend(const float *q, const float *keys, const float *values, int64_t length, int64_t stride,
-                   int64_t head_dim, float scaling, const uint8_t *mask, float *scores, float *out) {
+                   int64_t head_dim, float scaling, const uint8_t *mask, float *scores, float *out,
+                   const int64_t *shift) {
+#define AT(j) ((j) * stride + (shift ? shift[j] : 0))
     float best = -INFINITY;
     int64_t j = 0;
 #if defined(__AVX2__)
     if (head_dim % 8 == 0)
         for (; j + 4 <= length; j += 4)
             if (!mask || mask[j] || mask[j + 1] || mask[j + 2] || mask[j + 3]) /* (a batch's padding: skipped) */
-                dot4(q, keys + j * stride, keys + (j + 1) * stride, keys + (j + 2) * stride,
-                     keys + (j + 3) * stride, head_dim, scores + j);
+                dot4(q, keys + AT(j), keys + AT(j + 1), keys + AT(j + 2), keys + AT(j + 3), head_dim, scores + j);
 #endif
     for (; j < length; ++j)
-        if (!mask || mask[j]) scores[j] = dot(q, keys + j * stride, head_dim);
+        if (!mask || mask[j]) scores[j] = dot(q, keys + AT(j), head_dim);
     for (j = 0; j < length; ++j) {
         if (mask && !mask[j]) { scores[j] = -INFINITY; continue; }
         scores[j] = scores[j] * scaling;
@@ -140,7 +142,7 @@ static void attend(const float *q, const float *keys, const float *values, int64
         for (j = 0; j < length; ++j) {
             if (scores[j] == 0.0f) continue; /* (masked, or its weight underflowed: adds nothing) */
             const __m256 p = _mm256_set1_ps(scores[j] / total);
-            const float *v = values + j * stride + d;
+            const float *v = values + AT(j) + d;
             o0 = _mm256_add_ps(o0, _mm256_mul_ps(p, _mm256_loadu_ps(v)));
             o1 = _mm256_add_ps(o1, _mm256_mul_ps(p, _mm256_loadu_ps(v + 8)));
             o2 = _mm256_add_ps(o2, _mm256_mul_ps(p, _mm256_loadu_ps(v + 16)));
@@ -157,9 +159,10 @@ static void attend(const float *q, const float *keys, const float *values, int64
         for (j = 0; j < length; ++j) {
             if (scores[j] == 0.0f) continue;
             const float p = scores[j] / total;
-            const float *v = values + j * stride;
+            const float *v = values + AT(j);
             for (int64_t e = d; e < head_dim; ++e) out[e] += p * v[e];
         }
+#undef AT
 }
 
 /* A residual sublayer's entry: x is kept as the residual, then normalised first when the layer is pre-norm. */
@@ -201,12 +204,14 @@ static void feed_forward(const fp_layer *L, float *x, int64_t M, float *residual
  * cross_keys/values (M / group, heads, S, head_dim); source_attend (M / group, S): 1 where a source token is,
  * or NULL; self_attend (>= M / group, capacity): 1 where a cache slot belongs to that hypothesis's prefix (a
  * batch whose sentences kept different parts of their blocks), or NULL (every slot before t does).
- * scratch: room for M * (5 D + ffn) + max(t + group, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
+ * slots (cache rows, capacity), or NULL: slots[c * capacity + p] is the cache row that holds position p of the
+ * hypothesis in cache row c (a beam search that follows parents instead of copying their caches), or NULL: row
+ * c itself. scratch: room for M * (5 D + ffn) + max(t + group, S) floats; qbuf: M * max(width) bytes; sbuf: M floats. */
 void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, float *values, int64_t capacity,
                            int64_t t, const float *cross_keys, const float *cross_values, int64_t S,
                            const uint8_t *source_attend, const uint8_t *self_attend, float *scratch, int8_t *qbuf,
                            float *sbuf, int64_t group, int64_t causal, const int64_t *cache_rows,
-                           const int64_t *source_rows) {
+                           const int64_t *source_rows, const int64_t *slots) {
     const int64_t H = L->heads, hd = L->head_dim, D = H * hd, F = L->fc1.out;
 #define CACHE_ROW(m) (cache_rows ? cache_rows[(m) / group] : (m) / group)
 #define SOURCE_ROW(m) (source_rows ? source_rows[(m) / group] : (m) / group)
@@ -223,13 +228,18 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
             float *k = keys + (cache * capacity + position) * hd, *v = values + (cache * capacity + position) * hd;
             for (int64_t d = 0; d < hd; ++d) { k[d] = row[D + h * hd + d]; v[d] = row[2 * D + h * hd + d]; }
         }
-    for (int64_t m = 0; m < M; ++m)
+    int64_t shift[slots ? capacity : 1]; /* (the distance in floats from a hypothesis's row to each position's) */
+    for (int64_t m = 0; m < M; ++m) {
+        const int64_t own = CACHE_ROW(m), length = causal ? t + m % group + 1 : t + group;
+        if (slots)
+            for (int64_t p = 0; p < length; ++p) shift[p] = (slots[own * capacity + p] - own) * H * capacity * hd;
         for (int64_t h = 0; h < H; ++h) {
-            const int64_t cache = CACHE_ROW(m) * H + h, length = causal ? t + m % group + 1 : t + group;
+            const int64_t cache = own * H + h;
             attend(qkv + m * 3 * D + h * hd, keys + cache * capacity * hd, values + cache * capacity * hd, length,
-                   hd, hd, L->scaling, self_attend ? self_attend + CACHE_ROW(m) * capacity : NULL, scores,
-                   context + m * D + h * hd);
+                   hd, hd, L->scaling, self_attend ? self_attend + own * capacity : NULL, scores,
+                   context + m * D + h * hd, slots ? shift : NULL);
         }
+    }
     fp_matrix_product(&L->self_out, context, M, x, qbuf, sbuf);
     sublayer_leave(L, x, M, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     /* attention over the source */
@@ -240,7 +250,7 @@ void fp_decoder_layer_step(const fp_layer *L, float *x, int64_t M, float *keys, 
             const int64_t source = SOURCE_ROW(m);
             attend(qkv + m * D + h * hd, cross_keys + (source * H + h) * S * hd,
                    cross_values + (source * H + h) * S * hd, S, hd, hd, L->scaling,
-                   source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd);
+                   source_attend ? source_attend + source * S : NULL, scores, context + m * D + h * hd, NULL);
         }
     fp_matrix_product(&L->cross_out, context, M, x, qbuf, sbuf);
     sublayer_leave(L, x, M, D, residual, L->cross_norm_weight, L->cross_norm_bias, L->cross_norm_eps);
@@ -263,7 +273,7 @@ void fp_encoder_layer(const fp_layer *L, float *x, int64_t S, float *scratch, in
     for (int64_t m = 0; m < S; ++m)
         for (int64_t h = 0; h < H; ++h)  /* keys and values read in place: rows 3 D apart */
             attend(qkv + m * 3 * D + h * hd, qkv + D + h * hd, qkv + 2 * D + h * hd, S, 3 * D, hd, L->scaling, NULL,
-                   scores, context + m * D + h * hd);
+                   scores, context + m * D + h * hd, NULL);
     fp_matrix_product(&L->self_out, context, S, x, qbuf, sbuf);
     sublayer_leave(L, x, S, D, residual, L->self_norm_weight, L->self_norm_bias, L->self_norm_eps);
     feed_forward(L, x, S, residual, hidden, qbuf, sbuf);

@@ -73,7 +73,8 @@ static float log_normalizer(const float *x, int64_t n) {
 static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t rows, int64_t step,
                         float *const *keys, float *const *values, int64_t capacity, const float *const *cross_keys,
                         const float *const *cross_values, int64_t S, const uint8_t *source_attend,
-                        const int64_t *cache_rows, const int64_t *source_rows, float *x, float *logits,
+                        const int64_t *cache_rows, const int64_t *source_rows, const int64_t *slots, float *x,
+                        float *logits,
                         float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
     for (int64_t r = 0; r < rows; ++r) {
@@ -88,7 +89,7 @@ static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t 
     for (int64_t l = 0; l < Dec->n_layers; ++l)
         fp_decoder_layer_step(Dec->layers[l], x, rows, keys[l], values[l], capacity, step, cross_keys[l],
                               cross_values[l], S, source_attend, NULL, layer_scratch, qbuf, sbuf, 1, 1, cache_rows,
-                              source_rows);
+                              source_rows, slots);
     if (Dec->final_norm_weight)
         fp_layer_norm(x, rows, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
     fp_matrix_product(&Dec->output, x, rows, logits, qbuf, sbuf);
@@ -122,7 +123,7 @@ int64_t fp_greedy_search(const fp_decoder *Dec, float *const *keys, float *const
     float total = 0.0f;
     for (int64_t step = 0; step <= max_len; ++step) {
         decode_rows(Dec, &previous, 1, step, keys, values, capacity, cross_keys, cross_values, S, NULL, NULL, NULL,
-                    x, logits, layer_scratch, qbuf, sbuf);
+                    NULL, x, logits, layer_scratch, qbuf, sbuf);
         const float shift = log_normalizer(logits, V); /* log-softmax: x - shift */
         /* the rules, then the best token: the first of the highest (lprob + total) */
         int64_t choice = -1;
@@ -150,7 +151,10 @@ int64_t fp_greedy_search(const fp_decoder *Dec, float *const *keys, float *const
  * are; the first `beam` candidates that are not are the next step's hypotheses; a sentence stops when `beam`
  * hypotheses are finished or at max_len (the batch's: fairseq's limit is the batch's). The sentences still
  * searching step together: their hypotheses are the rows of one decoder pass, each reading its own cache rows
- * and its sentence's source, so a sentence that stops moves nothing (fairseq's batch shrinks instead). */
+ * and its sentence's source, so a sentence that stops moves nothing (fairseq's batch shrinks instead). Nor does a
+ * hypothesis that continues another: each writes its positions into its own cache row, and a table of slots says
+ * which row holds each earlier position of its prefix, so following a parent copies step + 1 indices, not the
+ * parent's keys and values (fairseq reorders its caches every step). */
 
 /* Keep the best `k` of (score, index) pairs in best/best_index, sorted by score descending, index ascending. */
 static void keep_best(float score, int64_t index, float *best, int64_t *best_index, int64_t k, int64_t *count) {
@@ -208,15 +212,15 @@ static void offer_row(const float *row, int64_t V, float shift, float history, i
  * s's finished hypothesis h: its tokens, end token included, and its cumulative score after each, from
  * (s * beam + h) * (max_len + 1)); out_lengths: sentences * beam; out_counts: sentences (how many each
  * finished, in the order fairseq finalises them). scratch: R * (6 D + V + ffn) + 2 * beam + max(capacity, S)
- * floats with R = sentences * beam; cache_copy: beam * heads * capacity * head_dim floats; qbuf: R * max(width)
- * bytes; sbuf: R floats; rows: 3 * R + sentences int64. */
+ * floats with R = sentences * beam; slots: R * capacity int64 (fp_decoder_layer_step's); slot_copy: beam *
+ * capacity int64; qbuf: R * max(width) bytes; sbuf: R floats; rows: 3 * R + sentences int64. */
 void fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *values, int64_t capacity,
                     const float *const *cross_keys, const float *const *cross_values, int64_t S,
                     const uint8_t *source_attend, int64_t sentences, int64_t beam, int64_t bos, int64_t eos,
                     int64_t pad, int64_t unk, float unk_penalty, int64_t min_len, int64_t max_len,
                     int64_t *hist_tokens, float *hist_scores, int64_t *out_tokens, float *out_cumulative,
-                    int64_t *out_lengths, int64_t *out_counts, float *scratch, float *cache_copy, int8_t *qbuf,
-                    float *sbuf, int64_t *rows) {
+                    int64_t *out_lengths, int64_t *out_counts, float *scratch, int64_t *slots, int64_t *slot_copy,
+                    int8_t *qbuf, float *sbuf, int64_t *rows) {
     const int64_t D = Dec->dim, V = Dec->vocab, width = max_len + 2, K = 2 * beam, R = sentences * beam;
     const int64_t share = 2 * beam * width; /* a sentence's part of hist_tokens / hist_scores */
     float *x = scratch, *logits = x + R * D, *best = logits + R * V, *layer_scratch = best + K;
@@ -238,12 +242,13 @@ void fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *val
             const int64_t *tokens = hist_tokens + s * share + current * beam * width;
             for (int64_t j = 0; j < live[s]; ++j, ++n) {
                 cache_rows[n] = s * beam + j;
+                slots[cache_rows[n] * capacity + step] = cache_rows[n]; /* (this step's position: its own row) */
                 source_rows[n] = s;
                 previous[n] = tokens[j * width + step];
             }
         }
         decode_rows(Dec, previous, n, step, keys, values, capacity, cross_keys, cross_values, S, source_attend,
-                    cache_rows, source_rows, x, logits, layer_scratch, qbuf, sbuf);
+                    cache_rows, source_rows, slots, x, logits, layer_scratch, qbuf, sbuf);
         int64_t first_row = 0;
         for (int64_t s = 0; s < sentences; ++s) {
             if (out_counts[s] < 0) continue;
@@ -295,31 +300,12 @@ void fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *val
                 parents[next++] = r;
             }
             live[s] = next;
-            /* the caches follow each new hypothesis's parent (positions 0 .. step): the parents of moved
-             * hypotheses are copied aside first, then each moved hypothesis's row is written once */
-            for (int64_t l = 0; l < Dec->n_layers; ++l) {
-                const fp_layer *L = Dec->layers[l];
-                const int64_t slab = L->heads * capacity * L->head_dim, filled = (step + 1) * L->head_dim;
-                float *caches[2] = {keys[l] + s * beam * slab, values[l] + s * beam * slab};
-                for (int64_t which = 0; which < 2; ++which) {
-                    float *cache = caches[which];
-                    int64_t copied = 0; /* bit r: parent r is aside */
-                    for (int64_t j = 0; j < next; ++j) {
-                        const int64_t r = parents[j];
-                        if (r == j || (copied >> r) & 1) continue;
-                        copied |= (int64_t)1 << r;
-                        for (int64_t h = 0; h < L->heads; ++h)
-                            memcpy(cache_copy + (r * L->heads + h) * filled,
-                                   cache + r * slab + h * capacity * L->head_dim, filled * sizeof(float));
-                    }
-                    for (int64_t j = 0; j < next; ++j) {
-                        if (parents[j] == j) continue;
-                        for (int64_t h = 0; h < L->heads; ++h)
-                            memcpy(cache + j * slab + h * capacity * L->head_dim,
-                                   cache_copy + (parents[j] * L->heads + h) * filled, filled * sizeof(float));
-                    }
-                }
-            }
+            /* each new hypothesis's prefix is its parent's: the parent's slots (positions 0 .. step) */
+            int64_t *sentence_slots = slots + s * beam * capacity;
+            for (int64_t j = 0; j < next; ++j)
+                memcpy(slot_copy + j * capacity, sentence_slots + parents[j] * capacity, (step + 1) * sizeof(int64_t));
+            for (int64_t j = 0; j < next; ++j)
+                memcpy(sentence_slots + j * capacity, slot_copy + j * capacity, (step + 1) * sizeof(int64_t));
         }
         current = 1 - current;
     }
