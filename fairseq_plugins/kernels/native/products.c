@@ -293,7 +293,7 @@ static inline float horizontal_sum_ps(__m256 v) {
 static inline __attribute__((always_inline)) void float_rows_dot(const float *x, int64_t m, int64_t K, int64_t K8,
                                                                  const float *wn, float b, float *y, int64_t N,
                                                                  int64_t n, const int R) {
-    __m256 even[4], odd[4];
+    __m256 even[6], odd[6];
     for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K8; k += 16) {
@@ -316,9 +316,10 @@ static inline __attribute__((always_inline)) void float_rows_dot(const float *x,
 }
 #endif
 
-/* y (M, N) = x (M, K) w^T (N, K) + b, float32, each weight row read once for every four input rows, and once
- * for the last two or three (a block of blockwise decoding, a double-token pair), so that a few rows cost
- * about one row's weight reading (MKL's sgemm repacks the weight on every call at a few rows). */
+/* y (M, N) = x (M, K) w^T (N, K) + b, float32, each weight row read once for every six input rows, and once
+ * for the last one to five (a beam of five, a block of blockwise decoding, a double-token pair), so that a few
+ * rows cost about one row's weight reading (MKL's sgemm repacks the weight on every call at a few rows). Each
+ * output's arithmetic is the same whatever the grouping. */
 void fp_float_gemm(const float *x, int64_t M, const float *w, int64_t N, int64_t K, const float *bias, float *y) {
     const int64_t K8 = K / 8 * 8;
     for (int64_t n = 0; n < N; ++n) {
@@ -326,10 +327,14 @@ void fp_float_gemm(const float *x, int64_t M, const float *w, int64_t N, int64_t
         const float b = bias ? bias[n] : 0.0f;
         int64_t m = 0;
 #if defined(__AVX2__)
-        for (; m + 4 <= M; m += 4) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 4);
-        if (M - m == 3) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 3), m += 3;
-        if (M - m == 2) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 2), m += 2;
-        if (M - m == 1) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 1);
+        for (; m + 6 <= M; m += 6) float_rows_dot(x, m, K, K8, wn, b, y, N, n, 6);
+        switch (M - m) {  /* (a constant R each, so that the accumulators stay in registers) */
+            case 5: float_rows_dot(x, m, K, K8, wn, b, y, N, n, 5); break;
+            case 4: float_rows_dot(x, m, K, K8, wn, b, y, N, n, 4); break;
+            case 3: float_rows_dot(x, m, K, K8, wn, b, y, N, n, 3); break;
+            case 2: float_rows_dot(x, m, K, K8, wn, b, y, N, n, 2); break;
+            case 1: float_rows_dot(x, m, K, K8, wn, b, y, N, n, 1); break;
+        }
 #else
         for (; m < M; ++m) {
             float s = 0.0f;
