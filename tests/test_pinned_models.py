@@ -183,6 +183,19 @@ def test_targets_against_the_same_runs_ctranslate2(tmp_path):
         status("no reference", min_ctranslate2_ratio=1.0)
 
 
+def test_a_summary_figure_whose_own_ratio_is_flagged_never_meets_its_target(tmp_path):
+    (tmp_path / "hub.json").write_text(json.dumps([{"hub_over_prebuilt": 1.04, "flagged": False},
+                                                   {"hub_over_prebuilt": 1.04, "flagged": True},
+                                                   {"hub_over_prebuilt": 1.2, "flagged": False}]))
+
+    def status(index):
+        target = {"method": "fast", "target": "t", "at_most": 1.1,
+                  "value": {"file": "hub.json", "key": f"{index}.hub_over_prebuilt", "flag_key": f"{index}.flagged"}}
+        return judge(target, str(tmp_path), lambda r: r)["status"]
+
+    assert [status(i) for i in range(3)] == [MET, FLAGGED, NOT_MET]
+
+
 def test_every_generated_block_of_the_repository_is_current():
     """What CI checks: the README's blocks and every method page's block under docs/ regenerate from the JSONs."""
     proc = plugins_cli("report", "--readme", "README.md", "--check", cwd=REPO, check=False)

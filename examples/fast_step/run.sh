@@ -18,6 +18,9 @@
 #           converted by CTranslate2's fairseq converter), the whole test set, one thread, length limit
 #           1.2 x source + 10 on every side: fp32 against CTranslate2 float32 and int8 against CTranslate2 int8,
 #           greedy and beam 5 at batch 1, and int8 beam 5 at batch BATCH: RESULTS/fast_step_ctranslate2.json
+#   hub   : the fast step as a Python user calls it: hub.translate a sentence a call against a generator built
+#           once (examples/fast_step/hub_timing.py), fp32 and int8, greedy and beam 5, HUB_LIMIT (300) test
+#           sentences: RESULTS/fast_step_hub.json (one entry a setting)
 #   profile : where a token's time goes (examples/fast_step/profile.py), int8 greedy and beam 5, the search step
 #           by step (each part timed) and in one native call, beside CTranslate2 int8's time a token:
 #           RESULTS/fast_step_profile_{greedy,beam5}_{python,native}.{json,md}
@@ -25,7 +28,7 @@
 # Usage: examples/fast_step/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (prepared data/ and checkpoints/).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
-#        STAGES ("lists exact fast batch devlin ctranslate2 profile"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
+#        STAGES ("lists exact fast batch devlin ctranslate2 hub profile"), LIMIT (sentences of the exact and batch stages, 300; 0 = all),
 #        FAST_LIMIT (0: the whole test set), PROFILE_LIMIT (300), RUNS (3), BATCH (32), TOP (50), FREQUENT (2000),
 #        LIST (WORK/shortlist.TOP+FREQUENT.pt), RESULTS (WORK/results; RESULTS=docs/results writes the
 #        repository's figures), DEVICE (cpu), THREADS (1),
@@ -35,7 +38,7 @@ set -euo pipefail
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
 BASE=${1:-work/baseline}
 WORK=${2:-work/fast_step}
-STAGES=${STAGES:-lists exact fast batch devlin ctranslate2 profile}
+STAGES=${STAGES:-lists exact fast batch devlin ctranslate2 hub profile}
 RESULTS=${RESULTS:-$WORK/results}
 TOP=${TOP:-50}
 FREQUENT=${FREQUENT:-2000}
@@ -131,6 +134,26 @@ if stage ctranslate2; then
   bench "$RESULTS/fast_step_ctranslate2.json" "fast step int8 beam 5 batch ${BATCH:-32} vs CTranslate2 int8" 5 \
     "${BATCH:-32}" "${FAST_LIMIT:-0}" --fast-step-precision int8 "${limits[@]}" \
     --reference ctranslate2 --reference-compute-type int8
+fi
+
+if stage hub; then
+  entries=()
+  for precision in fp32 int8; do
+    for beam in 1 5; do
+      python "$(dirname "$0")/hub_timing.py" --checkpoint-dir "$(dirname "$CHECKPOINT")" --data "$DATA" \
+        --precision "$precision" --beam "$beam" --limit "${HUB_LIMIT:-300}" --runs "${RUNS:-3}" \
+        --json "$WORK/hub_${precision}_beam$beam.json"
+      entries+=("$WORK/hub_${precision}_beam$beam.json")
+    done
+  done
+  python - "$RESULTS/fast_step_hub.json" "${entries[@]}" <<'PY'
+import json, os, sys
+entries = [json.load(open(path)) for path in sys.argv[2:]]
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump(entries, f, indent=2)
+    f.write("\n")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+PY
 fi
 
 if stage profile; then
