@@ -194,6 +194,8 @@ def test_a_summary_figure_whose_own_ratio_is_flagged_never_meets_its_target(tmp_
         return judge(target, str(tmp_path), lambda r: r)["status"]
 
     assert [status(i) for i in range(3)] == [MET, FLAGGED, NOT_MET]
+    (tmp_path / "hub.json").unlink()
+    assert status(0) == "not measured"
 
 
 def test_every_generated_block_of_the_repository_is_current():

@@ -16,7 +16,7 @@ from .measure import SPREAD_FLAG
 from .report import flag_reasons, headline_bleu
 
 TARGETS_FILE = "targets.json"
-MET, NOT_MET, FLAGGED = "met", "not met", "not met (flagged)"
+MET, NOT_MET, FLAGGED, NOT_MEASURED = "met", "not met", "not met (flagged)", "not measured"
 
 
 def load_targets(path: str) -> List[Dict]:
@@ -56,6 +56,8 @@ def judge(target: Dict, results_dir: str, oriented) -> Dict:
     """{"status", "measured", "file"} of one target."""
     if "value" in target:  # a figure of a summary JSON (its own ratio flagged at "flag_key", where it has one)
         spec = target["value"]
+        if not os.path.isfile(os.path.join(results_dir, spec["file"])):  # (a recipe stage not run yet)
+            return {"status": NOT_MEASURED, "measured": "-", "file": spec["file"]}
         value = json_value(results_dir, spec)
         ok = value <= target["at_most"] if "at_most" in target else value >= target["at_least"]
         flagged = "flag_key" in spec and json_value(results_dir, {**spec, "key": spec["flag_key"]})

@@ -69,13 +69,13 @@ static float log_normalizer(const float *x, int64_t n) {
 
 /* The decoder at step `step` on `rows` hypotheses, whose last tokens are previous[r]: x (rows, D) the embeddings,
  * then every layer (keys/values/cross as for fp_decoder_layer_step, hypothesis r in cache row cache_rows[r] and
- * source row source_rows[r], or row r where NULL), the final norm; logits (rows, V) the output layer's. */
+ * source row source_rows[r], or row r where NULL, its prefix's positions where slots say), the final norm;
+ * logits (rows, V) the output layer's. */
 static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t rows, int64_t step,
                         float *const *keys, float *const *values, int64_t capacity, const float *const *cross_keys,
                         const float *const *cross_values, int64_t S, const uint8_t *source_attend,
                         const int64_t *cache_rows, const int64_t *source_rows, const int64_t *slots, float *x,
-                        float *logits,
-                        float *layer_scratch, int8_t *qbuf, float *sbuf) {
+                        float *logits, float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
     for (int64_t r = 0; r < rows; ++r) {
         const float *embedding = Dec->embed_tokens + previous[r] * D;
