@@ -7,7 +7,10 @@ import os
 import pytest
 import torch
 
+from fairseq.sequence_generator import EnsembleModel
+
 from fairseq_plugins.kernels import decoder_step as engine_module
+from fairseq_plugins.kernels import fast_step_flags
 from fairseq_plugins.kernels import int8 as int8_linear
 
 
@@ -45,8 +48,15 @@ def test_a_second_translate_builds_nothing(trained, monkeypatch, precision):
     first = [hub.translate(sentence, beam=2) for sentence in sentences[:1]]
     assert len(engines) == 1 and (len(quantised) > 0) == (precision == "int8")
     built = len(quantised)
+    checks = []
+    check = fast_step_flags.unsupported_reason
+    monkeypatch.setattr(fast_step_flags, "unsupported_reason", lambda *args: checks.append(1) or check(*args))
+    ensembles = count_calls(monkeypatch, EnsembleModel, "__init__")
     rest = [hub.translate(sentence, beam=2) for sentence in sentences[1:]]
     assert len(engines) == 1 and len(quantised) == built  # nothing built again: no engine, no int8 matrix
+    # nor checked again (the model passed with these parameters), one ensemble a generator (the fast step's)
+    assert checks == [] and len(ensembles) == len(sentences) - 1
+    assert fast_step_flags._PASSED[hub.models[0]]
     # ... and the same translations as one generator built once decoding them all.
     assert first + rest == hub.translate(sentences, beam=2)
     generator = hub.task.build_generator(hub.models, hub.cfg.generation)

@@ -518,7 +518,7 @@ _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _PARAMETERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _parameters_fingerprint(model) -> Tuple:
+def parameters_fingerprint(model) -> Tuple:
     """Changes when a parameter's data is replaced, moved, cast or written in place (training,
     ``load_state_dict``, ``half()``, ``to()``): then the engine's copies of the weights are stale."""
     parameters = _PARAMETERS.get(model)
@@ -535,7 +535,7 @@ def fast_step_parts(model, precision: str, features_only: bool = False):
     Built once per loaded model and precision: a later call, while the model's parameters are unchanged, gets an
     engine sharing the prepared weights (``FastDecoderStep.sharing_weights``) and the same encoder, so a
     ``hub.translate`` call (a new generator each time) costs what a generator built once does."""
-    key, fingerprint = (precision, features_only), _parameters_fingerprint(model)
+    key, fingerprint = (precision, features_only), parameters_fingerprint(model)
     built = _BUILT.setdefault(model, {}).get(key)
     if built is not None and built[0] == fingerprint:
         return built[1].sharing_weights(), built[2]

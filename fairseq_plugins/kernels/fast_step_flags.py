@@ -2,13 +2,14 @@
 (``fast_step_translation``, ``blockwise_translation``, ``double_token_translation``): the flags as a config
 dataclass to extend, and the checks that turn a flag the model cannot take into an error naming it."""
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..common.textio import InputError
-from .decoder_step import unsupported_reason
+from .decoder_step import parameters_fingerprint, unsupported_reason
 from .int8 import int8_encoder_unsupported_reason, int8_model_unsupported_reason
 from .precision import PRECISIONS, check_precision
 
@@ -27,8 +28,16 @@ class FastStepConfig(FairseqDataclass):
     )
 
 
+# model -> {(precision, features_only): its parameters' fingerprint when it last passed the checks}
+_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def check_fast_step_model(model, precision: str, features_only: bool = False) -> None:
-    """InputError naming the flag where --fast-step (at ``precision``) cannot run ``model``."""
+    """InputError naming the flag where --fast-step (at ``precision``) cannot run ``model``. A model that passed
+    is not walked again while its parameters are unchanged (``hub.translate`` builds a generator every call)."""
+    key, fingerprint = (precision, features_only), parameters_fingerprint(model)
+    if _PASSED.get(model, {}).get(key) == fingerprint:
+        return
     reason = unsupported_reason(model.decoder, features_only)
     if reason is not None:
         raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
@@ -38,6 +47,7 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
     reason = int8_encoder_unsupported_reason(model.encoder) if precision == "int8" else None
     if reason is not None:
         raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")
+    _PASSED.setdefault(model, {})[key] = fingerprint
 
 
 def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:

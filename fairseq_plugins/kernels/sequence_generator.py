@@ -106,9 +106,9 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
     stat_counters = {"sentences": 0, "steps": 0, "candidates": 0}
 
     def __init__(self, models, tgt_dict, precision: str = "fp32", shortlist=None, **kwargs):
-        super().__init__(models, tgt_dict, **kwargs)
-        self.model = FastStepEnsemble(models, precision, shortlist)
-        self.model.eval()
+        # (given an ensemble, fairseq's constructor takes it as it is: no EnsembleModel of its own to replace,
+        # which cost hub.translate, a generator a call, a second walk over the model)
+        super().__init__(FastStepEnsemble(models, precision, shortlist), tgt_dict, **kwargs)
         self.precision = precision
         self.reset_generation_stats()
 
