@@ -1,9 +1,9 @@
 """fairseq-plugins: fast-translation methods for fairseq, loaded with ``--user-dir fairseq_plugins``.
 
 Importing the package registers every method subpackage with fairseq's registries (once: Python caches
-the import) and installs six fixes (fairseq_fixes.py): checkpoints load under torch >= 2.6,
+the import) and installs seven fixes (fairseq_fixes.py): checkpoints load under torch >= 2.6,
 fairseq-generate decodes every sentence, fairseq's hub interface (``from_pretrained(..., task=NAME)``)
-decodes with the task it names, fairseq-train's --patience survives a resume, its wall clock survives a
+decodes with the task it names and, with --fast-step, reuses its generator from call to call, fairseq-train's --patience survives a resume, its wall clock survives a
 mid-epoch resume, and (opt-in, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) it saves checkpoint_last.pt mid-epoch
 without validating. So
 ``fairseq-train``, ``fairseq-generate`` and ``fairseq-interactive`` need nothing but ``--user-dir``.
@@ -38,6 +38,7 @@ def user_dir() -> str:
 fairseq_fixes.allow_fairseq_checkpoints()
 fairseq_fixes.keep_last_partial_batch()
 fairseq_fixes.switch_task_in_overrides()
+fairseq_fixes.reuse_hub_generators()
 fairseq_fixes.keep_patience_across_resumes()
 fairseq_fixes.keep_the_wall_clock_across_mid_epoch_resumes()
 fairseq_fixes.save_last_checkpoint_mid_epoch()

@@ -269,6 +269,72 @@ def test_int8_blockwise_on_the_fast_step_is_the_fast_steps_int8_greedy():
     assert generator.generation_stats()["mean_accepted_block_size"] > 1.5
 
 
+def one_sentence_samples(sample):
+    """Each sentence of ``sample`` as a sample of its own, unpadded (as fairseq batches one sentence)."""
+    for tokens in sample["net_input"]["src_tokens"]:
+        kept = tokens[tokens.ne(1)].unsqueeze(0)  # (pad is 1 in fairseq's dictionaries)
+        yield {"net_input": {"src_tokens": kept, "src_lengths": torch.tensor([kept.size(1)])}}
+
+
+BLOCK_STATS = ("sentences", "tokens", "iterations", "decoder_invocations", "block_tokens_fed", "blocks_fed")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("heads", ["random", "copying", "separate", "copying separate"])
+@pytest.mark.parametrize("settings", [{}, {"proposal_vocab": 20}, {"unk_penalty": 0.5, "min_len": 3},
+                                      {"max_len_b": 3}], ids=["plain", "proposal vocab", "rules", "short"])
+def test_one_sentence_in_one_native_call_is_the_python_loop(precision, heads, settings):
+    """At batch 1 the fast step's blockwise decoding runs in one native call (fp_blockwise_search): the same
+    tokens, scores and statistics (iterations, decoder passes, tokens fed) as the Python loop on the same fast
+    step, and no block through the engine's Python side."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+    from fairseq_plugins.kernels import native
+
+    if not native.available():
+        pytest.skip("the native kernels are not built here")
+    model, dictionary = random_model(layout="separate" if "separate" in heads else "joint")
+    if heads.startswith("copying"):
+        copying_heads(model)
+        with torch.no_grad():  # EOS only when forced at max_len: long outputs, whole blocks accepted
+            model.decoder.embed_tokens.weight[dictionary.eos()] = 0.0
+    settings = {"max_len_b": 25, **settings}
+    samples = list(one_sentence_samples(random_batch(dictionary, bsz=5)))
+    for block_size in (2, 3, HEADS):
+        native_loop = FastStepBlockwiseGenerator(model, dictionary, block_size, precision=precision, **settings)
+        python_loop = FastStepBlockwiseGenerator(model, dictionary, block_size, precision=precision, **settings)
+        assert native_loop.native_heads is not None
+        python_loop.native_heads = None
+        native_loop.engine.block_step = lambda tokens: pytest.fail("one native call decodes the whole sentence")
+        for sample in samples:
+            got, = native_loop.generate([model], sample)
+            want, = python_loop.generate([model], sample)
+            assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+            torch.testing.assert_close(got[0]["positional_scores"], want[0]["positional_scores"], rtol=0, atol=1e-5)
+            assert abs(float(got[0]["score"]) - float(want[0]["score"])) < 1e-5
+        native_stats, python_stats = native_loop.generation_stats(), python_loop.generation_stats()
+        assert {name: native_stats[name] for name in BLOCK_STATS} == {name: python_stats[name] for name in BLOCK_STATS}
+        if heads.startswith("copying") and settings.keys() == {"max_len_b"} and settings["max_len_b"] > 3:
+            # (the heads repeat p_1's raw guess: whole blocks accepted where no rule or word list overrules it)
+            assert native_stats["mean_accepted_block_size"] > 1.5
+
+
+def test_one_native_call_gives_greedy_decoding_of_the_base():
+    """Exact acceptance in one native call gives fairseq's greedy decoding of the base transformer (float32)."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+
+    model, dictionary = random_model(layout="separate")
+    copying_heads(model)
+    samples = list(one_sentence_samples(random_batch(dictionary, bsz=6, seed=3)))
+    stock = SequenceGenerator([model], dictionary, beam_size=1, max_len_b=25)
+    generator = FastStepBlockwiseGenerator(model, dictionary, HEADS, max_len_b=25)
+    for sample in samples:
+        got, = generator.generate([model], sample)
+        want, = stock.generate([model], sample)
+        assert got[0]["tokens"].tolist() == want[0]["tokens"].tolist()
+        torch.testing.assert_close(got[0]["positional_scores"], want[0]["positional_scores"], rtol=0, atol=1e-4)
+    assert generator.generation_stats()["decoder_invocations"] < generator.generation_stats()["tokens"]
+
+
 def count_output_projections(decoder):
     """Wrap the decoder's output projections so that each call's input shape and vocabulary are recorded."""
     calls = []

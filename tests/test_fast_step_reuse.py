@@ -1,8 +1,9 @@
-"""The fast step is built once per loaded model: every generator fairseq builds from it (a ``hub.translate``
-call builds one each time) reuses the prepared weights, and gives what a generator built once gives; a changed
-model is prepared again."""
+"""The fast step is built once per loaded model: a ``hub.translate`` call (fairseq asks the task for a generator
+each time) reuses the generator built for the same settings, every other generator fairseq builds from the model
+reuses the prepared weights, each gives what a generator built once gives; a changed model is prepared again."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -54,13 +55,29 @@ def test_a_second_translate_builds_nothing(trained, monkeypatch, precision):
     ensembles = count_calls(monkeypatch, EnsembleModel, "__init__")
     rest = [hub.translate(sentence, beam=2) for sentence in sentences[1:]]
     assert len(engines) == 1 and len(quantised) == built  # nothing built again: no engine, no int8 matrix
-    # nor checked again (the model passed with these parameters), one ensemble a generator (the fast step's)
-    assert checks == [] and len(ensembles) == len(sentences) - 1
+    # nor checked again (the model passed with these parameters), nor a generator built: the first one is reused
+    assert checks == [] and len(ensembles) == 0
     assert fast_step_flags._PASSED[hub.models[0]]
     # ... and the same translations as one generator built once decoding them all.
     assert first + rest == hub.translate(sentences, beam=2)
+    # Other settings, another generator (on the same prepared weights); the same settings, the same generator.
     generator = hub.task.build_generator(hub.models, hub.cfg.generation)
-    assert generator.model.engine is not hub.task.build_generator(hub.models, hub.cfg.generation).model.engine
+    assert generator is hub.task.build_generator(hub.models, hub.cfg.generation)
+    assert len(ensembles) == 1 and len(engines) == 1
+    assert hub.translate(sentences[0], beam=3) and len(ensembles) == 2
+    # A setting changed on the hub's own config (not a keyword of the call): a generator for it.
+    from omegaconf import open_dict
+
+    with open_dict(hub.cfg.generation):
+        hub.cfg.generation.max_len_b = 3
+    assert len(hub.generate(hub.encode(sentences[0]), beam=2)[0]["tokens"]) <= 3 + 1 and len(ensembles) == 3
+    # Another thread: its own generator and engine caches (a generator holds a call's state).
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(hub.task.build_generator(hub.models,
+                                                                                      hub.cfg.generation)))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not generator and elsewhere[0].model.engine is not generator.model.engine
 
 
 def test_a_changed_model_is_prepared_again(trained, monkeypatch):

@@ -9,6 +9,7 @@ Usage: python examples/fast_step/hub_timing.py --checkpoint-dir DIR --data PREPA
 """
 
 import argparse
+import copy
 import datetime
 import json
 import logging
@@ -18,6 +19,7 @@ import sys
 import time
 
 import torch
+from omegaconf import open_dict
 
 logging.disable(logging.WARNING)
 
@@ -52,8 +54,10 @@ def main():
     hub.eval()
     with open(data.raw_path("test", data.source_lang), encoding="utf-8") as f:
         sentences = [line.rstrip("\n") for line in f][:args.limit]
-    prebuilt = hub.task.build_generator(hub.models, hub.cfg.generation)
-    prebuilt.beam_size = args.beam  # (SequenceGenerator's beam; the same as translate(beam=...))
+    settings = copy.deepcopy(hub.cfg.generation)  # (what translate(beam=...) builds its generator from)
+    with open_dict(settings):
+        settings.beam = args.beam
+    prebuilt = hub.task.build_generator(hub.models, settings)
 
     def by_prebuilt(sentence: str) -> str:
         batch = next(iter(hub._build_batches([hub.encode(sentence)], False)))

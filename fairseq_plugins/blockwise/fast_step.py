@@ -13,13 +13,14 @@ as on fairseq's decoder.
 """
 
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..kernels.decoder_step import fast_step_parts
+from ..kernels import native
+from ..kernels.decoder_step import fast_step_parts, native_matrix
 from ..kernels.precision import linear_of
 from .generator import BlockwiseGenerator
 from .model import ProposalHeads, row_blocks
@@ -50,6 +51,20 @@ class FastProposalHeads:
             self.fc1 = linear_of(row_blocks(heads.fc1.weight, self.learned, h),
                                  row_blocks(heads.fc1.bias, self.learned, h), precision)
             self.fc2 = [linear_of(heads.fc2_weight[j], heads.fc2_bias[j], precision) for j in self.learned]
+
+    def native(self, projection) -> "Optional[native.ProposalHeads]":
+        """These heads (all learned) and ``projection`` (a ``linear_of`` product, or a native matrix) as the
+        native kernels' struct for ``fp_blockwise_search``, or None where a part is not native."""
+        if not self.learned or len(self.slots) != self.count:
+            return None
+        fc1 = native_matrix(self.fc1)
+        fc2 = [native_matrix(fc2) for fc2 in self.fc2]
+        if not isinstance(projection, native.Matrix):
+            projection = native_matrix(projection)
+        if fc1 is None or projection is None or any(matrix is None for matrix in fc2):
+            return None
+        offsets = [0] if self.layout == "joint" else [j * self.hidden_size for j in range(len(fc2))]
+        return native.proposal_heads(fc1, fc2, offsets, self.count, projection)
 
     def __call__(self, x: Tensor) -> Tensor:
         states = [x] * self.count
@@ -98,8 +113,45 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
             self.proposal_projection = linear_of(projection.weight[:vocab], None if projection.bias is None
                                                  else projection.bias[:vocab], precision)
 
+        # One sentence's whole decoding in one native call (exact acceptance, batch 1; tests/test_blockwise.py)
+        self.native_heads = None
+        if self.engine.native_decoder is not None and not heads.learned_first_head and block_size > 1:
+            self.native_heads = self.proposal_heads.native(
+                self.engine.native_decoder.output if self.proposal_projection is None else self.proposal_projection)
+
     def generation_stats(self) -> Dict:
         return {**super().generation_stats(), "fast_step": True, "precision": self.precision}
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
+        hypotheses = self._native_generate(sample, prefix_tokens, constraints, bos_token)
+        if hypotheses is None:
+            return super().generate(models, sample, prefix_tokens, constraints, bos_token, **kwargs)
+        return hypotheses
+
+    def _native_generate(self, sample, prefix_tokens, constraints, bos_token):
+        """The predict-verify-accept loop of ``BlockwiseGenerator.generate`` in one native call
+        (``fp_blockwise_search``), where it applies: one sentence, exact acceptance, no adaptive blocks or
+        forced block sizes, temperature 1, p_1 the decoder itself; None elsewhere."""
+        src_tokens = sample["net_input"]["src_tokens"]
+        if (self.native_heads is None or src_tokens.size(0) != 1 or self.acceptance != "exact"
+                or self.adaptive_threshold or self.min_block_size > 1 or self.temperature != 1.0):
+            return None
+        self._begin_generate(prefix_tokens, constraints)
+        max_len = self.rules.max_len(src_tokens.size(1), self.max_positions - 1)
+        self._begin(self._encode(sample["net_input"]), max_len)
+        rules = self.rules
+        found = self.engine.blockwise_search(self.native_heads, self.eos if bos_token is None else bos_token,
+                                             self.eos, self.pad, rules.unk, rules.unk_penalty, rules.min_len, max_len)
+        if found is None:
+            return None
+        tokens, scores, (iterations, passes) = found
+        self._stats["batches"] += 1
+        self._stats["iterations"] += iterations
+        self._stats["decoder_invocations"] += passes
+        self._stats["block_tokens_fed"] += (passes - 1) * self.block_size
+        self._stats["blocks_fed"] += passes - 1
+        return [self._hypothesis(tokens, scores)]
 
     def step_cost_figures(self, samples, **kwargs) -> Dict:
         # A timed call verifies every position: what staging saves depends on what is accepted, and the timed

@@ -15,6 +15,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..common.generation import generator_options, refuse_unsupported_generation_flags
+from ..common.reused_generators import ReusedGenerators, generation_settings_key
 from ..common.textio import InputError
 from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
 from ..kernels.sequence_generator import FastStepSequenceGenerator
@@ -39,7 +40,10 @@ class FastStepTranslationConfig(FastStepConfig, TranslationConfig):
 
 
 @register_task("fast_step_translation", dataclass=FastStepTranslationConfig)
-class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
+class FastStepTranslationTask(ReusedGenerators, TaskCandidateLists, TranslationTask):
+    """With --fast-step, a generator built for the same models, parameters and settings is reused
+    (``hub.translate`` asks for one every call)."""
+
     cfg: FastStepTranslationConfig
 
     def candidate_lists_path(self) -> str:
@@ -59,10 +63,22 @@ class FastStepTranslationTask(TaskCandidateLists, TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        precision = self._check_flags()
+        # (the task's flags checked once per value: each read of an omegaconf field costs ~8 us, and a
+        # hub.translate call asks for a generator every time)
+        flags = generation_settings_key(self.cfg)
+        if self.__dict__.get("_checked_flags", (None,))[0] != flags:
+            self._checked_flags = (flags, self._check_flags())
+        precision = self._checked_flags[1]
         if precision is None or getattr(args, "score_reference", False):
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-        check_fast_step_models(models, precision)
+        fingerprint = check_fast_step_models(models, precision)
+        return self.reused_generator(
+            models, args, lambda: self._build_fast_step_generator(models, args, precision, extra_gen_cls_kwargs,
+                                                                  prefix_allowed_tokens_fn),
+            seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, fingerprint=(flags, fingerprint))
+
+    def _build_fast_step_generator(self, models, args, precision, extra_gen_cls_kwargs, prefix_allowed_tokens_fn):
         if getattr(args, "print_alignment", None):
             raise InputError("--print-alignment: not supported with --fast-step (it computes no attention "
                              "weights for the output)")

@@ -85,6 +85,17 @@ def unsupported_reason(decoder: nn.Module, features_only: bool = False) -> Optio
     return None
 
 
+def native_matrix(matrix) -> Optional["native.Matrix"]:
+    """The native kernels' struct of a ``linear_of`` product (its tensors stay the product's), or None where they
+    cannot run it: float32 CPU weights only (a bfloat16/float16 model, or one on a GPU, runs as torch operations),
+    int8 on the native backend."""
+    if isinstance(matrix, PackedLinear) and matrix.weight.dtype == torch.float32 and matrix.weight.device.type == "cpu":
+        return native.float_matrix(matrix.weight, matrix.bias)
+    if isinstance(matrix, Int8Matrix) and matrix.backend == "native":
+        return native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim, matrix.vnni)
+    return None
+
+
 def _layer_norm(module: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
     if module is None:
         return None
@@ -137,16 +148,9 @@ class _Layer:
         if not native.available() or self.activation not in (F.relu, gelu) or not all(
                 isinstance(n, nn.LayerNorm) and n.weight is not None and n.bias is not None for n in norms.values()):
             return None
-        structs = {}
-        for name, matrix in matrices.items():
-            # float32 CPU weights only: a bfloat16/float16 model, or one on a GPU, runs as torch operations
-            if isinstance(matrix, PackedLinear) and matrix.weight.dtype == torch.float32 \
-                    and matrix.weight.device.type == "cpu":
-                structs[name] = native.float_matrix(matrix.weight, matrix.bias)
-            elif isinstance(matrix, Int8Matrix) and matrix.backend == "native":
-                structs[name] = native.int8_matrix(matrix.values, matrix.scales, matrix.bias, matrix.dim, matrix.vnni)
-            else:
-                return None
+        structs = {name: native_matrix(matrix) for name, matrix in matrices.items()}
+        if any(struct is None for struct in structs.values()):
+            return None
         # The kernel reads raw pointers: float32 copies of the norms, which a later model.to()/half() leaves alone
         self.native_norms = {name: nn.LayerNorm(norm.normalized_shape, eps=norm.eps) for name, norm in norms.items()}
         for name, norm in norms.items():
@@ -203,6 +207,7 @@ class FastDecoderStep:
         self.native_decoder = self._native_decoder(decoder)
         self.greedy_searcher = native.GreedySearcher() if self.native_decoder is not None else None
         self.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
+        self.blockwise_searcher = None  # (made on the first blockwise_search)
 
     def _native_decoder(self, decoder) -> Optional["native.Decoder"]:
         """The whole decoder for the one-call searches (native/search.c: ``greedy_search``, ``beam_search``), where
@@ -270,6 +275,25 @@ class FastDecoderStep:
         return self.greedy_searcher(self.native_decoder, table, self.keys, self.values, self.cross_keys,
                                     self.cross_values, bos, eos, pad, unk, unk_penalty, min_len, max_len)
 
+    def blockwise_search(self, heads: "native.ProposalHeads", bos: int, eos: int, pad: int, unk: int,
+                         unk_penalty: float, min_len: int, max_len: int):
+        """One sentence's whole blockwise decoding (exact acceptance, ``heads``: the proposal heads 2..k as
+        ``native.proposal_heads``) in one native call, after ``start`` (one row, caches for more than max_len + k
+        positions): (tokens, scores, (iterations, decoder passes)); None where the decoder is not all native."""
+        block = 1 + heads.n_heads
+        if (self.native_decoder is None or self.rows != 1 or self.length != 0
+                or self.capacity <= max_len + block):
+            return None
+        table = self._native_positions(max_len + block)
+        if table is False:
+            return None
+        if self.blockwise_searcher is None:
+            self.blockwise_searcher = native.BlockwiseSearcher()
+        source_attend = None if self.source_attend is None else self.source_attend.reshape(-1)
+        return self.blockwise_searcher(self.native_decoder, heads, table, self.keys, self.values, self.cross_keys,
+                                       self.cross_values, source_attend, bos, eos, pad, unk, unk_penalty, min_len,
+                                       max_len)
+
     def sharing_weights(self) -> "FastDecoderStep":
         """A new engine on this one's prepared weights (packed, quantised, native structs: nothing is built
         again) with state of its own (caches, rows, candidate lists, kernel scratch), for another generator."""
@@ -279,6 +303,7 @@ class FastDecoderStep:
         twin.layer_step = native.LayerStepper() if self.native_layers is not None else None
         twin.greedy_searcher = native.GreedySearcher() if self.native_decoder is not None else None
         twin.beam_searcher = native.BeamSearcher() if self.native_decoder is not None else None
+        twin.blockwise_searcher = None
         twin.rows = 0
         return twin
 
@@ -520,11 +545,13 @@ _PARAMETERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def parameters_fingerprint(model) -> Tuple:
     """Changes when a parameter's data is replaced, moved, cast or written in place (training,
-    ``load_state_dict``, ``half()``, ``to()``): then the engine's copies of the weights are stale."""
+    ``load_state_dict``, ``half()``, ``to()``): then the engine's copies of the weights are stale. (A cast or a
+    move puts new storage under every parameter, at another address while the old one is still held: the
+    addresses and the in-place write counters say it all, at 1 us per 4 parameters.)"""
     parameters = _PARAMETERS.get(model)
     if parameters is None:
         parameters = _PARAMETERS[model] = list(model.parameters())
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
+    return tuple([p.data_ptr() for p in parameters] + [p._version for p in parameters])
 
 
 def fast_step_parts(model, precision: str, features_only: bool = False):

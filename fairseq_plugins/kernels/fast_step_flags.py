@@ -4,7 +4,7 @@ dataclass to extend, and the checks that turn a flag the model cannot take into 
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -32,12 +32,13 @@ class FastStepConfig(FairseqDataclass):
 _PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def check_fast_step_model(model, precision: str, features_only: bool = False) -> None:
+def check_fast_step_model(model, precision: str, features_only: bool = False) -> Tuple:
     """InputError naming the flag where --fast-step (at ``precision``) cannot run ``model``. A model that passed
-    is not walked again while its parameters are unchanged (``hub.translate`` builds a generator every call)."""
+    is not walked again while its parameters are unchanged (``hub.translate`` asks for a generator every call).
+    Returns the parameters' fingerprint (``decoder_step.parameters_fingerprint``)."""
     key, fingerprint = (precision, features_only), parameters_fingerprint(model)
     if _PASSED.get(model, {}).get(key) == fingerprint:
-        return
+        return fingerprint
     reason = unsupported_reason(model.decoder, features_only)
     if reason is not None:
         raise InputError(f"--fast-step: this model is not supported ({reason}); drop --fast-step")
@@ -48,6 +49,7 @@ def check_fast_step_model(model, precision: str, features_only: bool = False) ->
     if reason is not None:
         raise InputError(f"--fast-step-precision int8: this model's encoder is not supported ({reason}); use fp32")
     _PASSED.setdefault(model, {})[key] = fingerprint
+    return fingerprint
 
 
 def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:
@@ -61,8 +63,8 @@ def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:
     return None
 
 
-def check_fast_step_models(models, precision: str) -> None:
+def check_fast_step_models(models, precision: str) -> Tuple:
     """``check_fast_step_model`` for a task's --path models, of which --fast-step runs one."""
     if len(models) != 1:
         raise InputError("--fast-step: runs one model, not an ensemble (give one --path)")
-    check_fast_step_model(models[0], precision)
+    return check_fast_step_model(models[0], precision)

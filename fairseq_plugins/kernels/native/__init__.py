@@ -141,6 +141,11 @@ def available() -> bool:
                                                size, size, pointer, pointer, pointer, pointer, pointer, pointer,
                                                pointer, pointer, pointer, pointer, pointer, pointer]
             library.fp_beam_search.restype = None
+            library.fp_blockwise_search.argtypes = [ctypes.POINTER(Decoder), ctypes.POINTER(ProposalHeads),
+                                                    pointer, pointer, size, pointer, pointer, size, pointer, size,
+                                                    size, size, size, ctypes.c_float, size, size, pointer, pointer,
+                                                    pointer, pointer, pointer, pointer]
+            library.fp_blockwise_search.restype = size
             library.fp_struct_layout.argtypes = [size, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                                  ctypes.POINTER(size)]
             library.fp_struct_layout.restype = ctypes.c_int
@@ -439,6 +444,67 @@ class BeamSearcher(_Scratch):
                 for s, count in enumerate(counts.tolist())]
 
 
+class ProposalHeads(ctypes.Structure):
+    """kernels.h's fp_proposal_heads: blockwise decoding's heads 2..k (their hidden layer, output layers reading
+    it from an offset each, the projection to words) for ``fp_blockwise_search``."""
+    _fields_ = [("fc1", Matrix), ("fc2", ctypes.POINTER(Matrix)), ("fc2_offsets", ctypes.c_void_p),
+                ("n_fc2", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("projection", Matrix)]
+
+
+def proposal_heads(fc1: Matrix, fc2, fc2_offsets, n_heads: int, projection: Matrix) -> ProposalHeads:
+    """The fp_proposal_heads of ``fc1`` (input -> every head's hidden units), the ``fc2`` matrices (each some
+    heads' outputs, n_heads * d rows in all) reading the hidden units from ``fc2_offsets`` on, and the
+    ``projection`` to the proposed words. The caller keeps the matrices' tensors alive."""
+    fc2_array = (Matrix * len(fc2))(*fc2)
+    offsets = torch.tensor(list(fc2_offsets), dtype=torch.int64)
+    struct = ProposalHeads(fc1=fc1, fc2=ctypes.cast(fc2_array, ctypes.POINTER(Matrix)),
+                           fc2_offsets=offsets.data_ptr(), n_fc2=len(fc2), n_heads=n_heads, projection=projection)
+    struct.kept = (fc2_array, offsets)  # (alive with the struct)
+    struct.widest_input = max([fc1.width, projection.width] + [m.width for m in fc2])
+    return struct
+
+
+# fp_blockwise_search keeps a block in fixed arrays: blocks up to this size.
+MAX_NATIVE_BLOCK = 64
+
+
+class BlockwiseSearcher(_Scratch):
+    """Runs ``fp_blockwise_search``: one sentence's whole blockwise decoding (exact acceptance) in one call."""
+
+    def __call__(self, decoder: Decoder, heads: ProposalHeads, positions: Optional[Tensor], keys, values, cross_keys,
+                 cross_values, source_attend: Optional[Tensor], bos: int, eos: int, pad: int, unk: int,
+                 unk_penalty: float, min_len: int, max_len: int):
+        """keys/values: each layer's (1, heads, capacity, head_dim) cache, capacity > max_len + block size;
+        cross_keys/values and positions as ``GreedySearcher`` (positions: a row for each cache position);
+        source_attend: (S,) bool, True where a source token is, or None (no padding).
+        Returns the tokens (end token included), each token's score, and (iterations, decoder passes)."""
+        block = 1 + heads.n_heads
+        if not 1 <= block <= MAX_NATIVE_BLOCK:
+            raise ValueError(f"fp_blockwise_search: block size {block} is not in 1..{MAX_NATIVE_BLOCK}")
+        capacity, source_length, d = _check_search(decoder, positions, keys, values, cross_keys, cross_values, 1,
+                                                   min_len, max_len + block, "fp_blockwise_search")
+        if heads.fc1.in_ != d or heads.projection.in_ != d or sum(m.out for m in heads.kept[0]) != heads.n_heads * d:
+            raise ValueError("fp_blockwise_search: proposal heads of other sizes than the decoder's")
+        self.reserve(block * (6 * d + decoder.vocab + decoder.widest_ffn) + heads.fc1.out
+                     + heads.n_heads * (d + heads.projection.out) + max(capacity, source_length), block,
+                     max(decoder.widest_input, heads.widest_input))
+        tokens = torch.empty(max_len + 1, dtype=torch.int64)
+        scores = torch.empty(max_len + 1)
+        counts = torch.zeros(2, dtype=torch.int64)
+        if source_attend is not None and not (source_attend.shape == (source_length,)
+                                              and source_attend.dtype == torch.bool):
+            raise ValueError("fp_blockwise_search: source_attend must be (source length,) bool")
+        attend = None if source_attend is None else source_attend.to(torch.uint8).contiguous()
+        length = _library.fp_blockwise_search(
+            ctypes.byref(decoder), ctypes.byref(heads), _pointers(keys), _pointers(values), capacity,
+            _pointers(cross_keys), _pointers(cross_values), source_length,
+            None if attend is None else attend.data_ptr(), bos, eos, pad, unk, unk_penalty, min_len,
+            max_len, tokens.data_ptr(), scores.data_ptr(), counts.data_ptr(), self.scratch.data_ptr(),
+            self.quantized.data_ptr(), self.row_scales.data_ptr())
+        iterations, passes = counts.tolist()
+        return tokens[:length], scores[:length], (iterations, passes)
+
+
 def padded_width(dim: int) -> int:
     return (dim + ALIGN - 1) // ALIGN * ALIGN
 
@@ -602,7 +668,8 @@ class ReLUBlocksStepper(_Scratch):
 
 
 # Each ctypes mirror of a kernels.h struct, by its C name.
-STRUCTS = {"fp_matrix": Matrix, "fp_layer": DecoderLayer, "fp_relu_block": ByteNetBlock, "fp_decoder": Decoder}
+STRUCTS = {"fp_matrix": Matrix, "fp_layer": DecoderLayer, "fp_relu_block": ByteNetBlock, "fp_decoder": Decoder,
+           "fp_proposal_heads": ProposalHeads}
 
 
 def struct_layout() -> Dict[str, Dict[Optional[str], int]]:

@@ -68,6 +68,19 @@ typedef struct {
     int64_t dim, vocab;
 } fp_decoder;
 
+/* The proposal heads 2..k (blockwise/model.py's ProposalHeads, learned heads only): state_j = x + fc2_j(relu(fc1
+ * x)) for j < n_heads, fc1 one product to the hidden layer of all of them, fc2_j reading hidden[fc2_offsets[j] ..]
+ * (the joint layout: one fc2 of n_heads * D rows reading the whole hidden layer, n_fc2 1; the separate layout: one
+ * fc2 a head, each reading its own block); then each state's logits through `projection` (the first proposal
+ * words, or the output layer). */
+typedef struct {
+    fp_matrix fc1;
+    const fp_matrix *fc2;
+    const int64_t *fc2_offsets;
+    int64_t n_fc2, n_heads;
+    fp_matrix projection;
+} fp_proposal_heads;
+
 /* products.c */
 void fp_quantize_rows(const float *x, int64_t M, int64_t K, int64_t Kp, int8_t *q, float *scales);
 void fp_int8_gemm(const int8_t *q, const float *xs, int64_t M, const int8_t *w, const float *ws, int64_t N,

@@ -39,6 +39,9 @@ static const fp_layout_entry LAYOUT[] = {
     FIELD(fp_decoder, embed_scale), FIELD(fp_decoder, positions), FIELD(fp_decoder, n_positions),
     FIELD(fp_decoder, final_norm_weight), FIELD(fp_decoder, final_norm_bias), FIELD(fp_decoder, final_norm_eps),
     FIELD(fp_decoder, output), FIELD(fp_decoder, dim), FIELD(fp_decoder, vocab),
+    SIZE(fp_proposal_heads),
+    FIELD(fp_proposal_heads, fc1), FIELD(fp_proposal_heads, fc2), FIELD(fp_proposal_heads, fc2_offsets),
+    FIELD(fp_proposal_heads, n_fc2), FIELD(fp_proposal_heads, n_heads), FIELD(fp_proposal_heads, projection),
 };
 
 /* Entry i of the table (struct name, field name or NULL for the struct's size, offset or size); 0 past its end. */

@@ -312,3 +312,145 @@ void fp_beam_search(const fp_decoder *Dec, float *const *keys, float *const *val
     for (int64_t s = 0; s < sentences; ++s)
         if (out_counts[s] < 0) out_counts[s] = -1 - out_counts[s];
 }
+
+/* ---- blockwise parallel decoding of one sentence, every iteration in C --------------------------------------
+ *
+ * Stern et al. (2018) with exact acceptance, as the fast step's BlockwiseGenerator (blockwise/generator.py) runs it
+ * at batch 1, in one call: p_1 (the decoder itself) picks the next token under fairseq's rules (its constrained
+ * argmax); heads 2..k, at the same position, propose the k - 1 tokens after it; the block (p_1's token and the
+ * proposals) goes through the decoder as the rows of one pass, causal among themselves, each weight read once;
+ * p_1 at block position i verifies the proposal at i + 1 (exactly its constrained argmax, and not forbidden);
+ * the longest verified prefix is kept (cut after an end token), the rejected tail leaves the cache (the cache
+ * just ends earlier), and the heads run at the last kept position for the next block. The output is greedy
+ * decoding's; each token's score is p_1's constrained logit minus the raw row's log-normalizer. */
+
+
+/* p_1's constrained argmax of one row of raw logits predicting output token `step`, and the row's log-normalizer. */
+static int64_t constrained_argmax(const float *row, int64_t V, int64_t step, int64_t eos, int64_t pad, int64_t unk,
+                                  float unk_penalty, int64_t min_len, int64_t max_len, float *best, float *normalizer) {
+    int64_t choice = -1;
+    float top = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+        const float c = ruled(row[v], v, step, eos, pad, unk, unk_penalty, min_len, max_len);
+        if (choice < 0 || c > top) { choice = v; top = c; }
+    }
+    *best = top;
+    *normalizer = log_normalizer(row, V);
+    return choice;
+}
+
+/* The heads' proposals after the features x (D) of the last kept position: the argmax of each head's logits over
+ * its words, pad never. hidden: fc1's rows; states: n_heads * D; logits: n_heads * projection rows. */
+static void propose(const fp_proposal_heads *H, const float *x, int64_t D, int64_t pad, int64_t *proposals,
+                    float *hidden, float *states, float *logits, int8_t *qbuf, float *sbuf) {
+    fp_matrix_product(&H->fc1, x, 1, hidden, qbuf, sbuf);
+    for (int64_t i = 0; i < H->fc1.out; ++i) hidden[i] = hidden[i] > 0.0f ? hidden[i] : 0.0f;
+    for (int64_t j = 0, head = 0; j < H->n_fc2; ++j) {
+        fp_matrix_product(H->fc2 + j, hidden + H->fc2_offsets[j], 1, states + head * D, qbuf, sbuf);
+        head += H->fc2[j].out / D;
+    }
+    for (int64_t h = 0; h < H->n_heads; ++h)
+        for (int64_t d = 0; d < D; ++d) states[h * D + d] += x[d];
+    const int64_t W = H->projection.out;
+    fp_matrix_product(&H->projection, states, H->n_heads, logits, qbuf, sbuf);
+    for (int64_t h = 0; h < H->n_heads; ++h) {
+        const float *row = logits + h * W;
+        int64_t choice = -1;
+        float top = -INFINITY;
+        for (int64_t v = 0; v < W; ++v) {
+            const float c = (v == pad || row[v] != row[v]) ? -INFINITY : row[v];
+            if (choice < 0 || c > top) { choice = v; top = c; }
+        }
+        proposals[h] = choice;
+    }
+}
+
+/* The block's m tokens at cache positions t .. t + m - 1 through the decoder, causal among themselves: x (m, D) the
+ * features after the final norm, logits (m, V) the output layer's. */
+static void decode_block(const fp_decoder *Dec, const int64_t *block, int64_t m, int64_t t, float *const *keys,
+                         float *const *values, int64_t capacity, const float *const *cross_keys,
+                         const float *const *cross_values, int64_t S, const uint8_t *source_attend, float *x,
+                         float *logits, float *layer_scratch, int8_t *qbuf, float *sbuf) {
+    const int64_t D = Dec->dim;
+    for (int64_t i = 0; i < m; ++i) {
+        float *row = x + i * D;
+        const float *embedding = Dec->embed_tokens + block[i] * D;
+        for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
+        if (Dec->positions) {
+            const int64_t p = t + i < Dec->n_positions ? t + i : Dec->n_positions - 1;
+            const float *position = Dec->positions + p * D;
+            for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
+        }
+    }
+    for (int64_t l = 0; l < Dec->n_layers; ++l)
+        fp_decoder_layer_step(Dec->layers[l], x, m, keys[l], values[l], capacity, t, cross_keys[l], cross_values[l],
+                              S, source_attend, NULL, layer_scratch, qbuf, sbuf, m, 1, NULL, NULL, NULL);
+    if (Dec->final_norm_weight)
+        fp_layer_norm(x, m, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
+    fp_matrix_product(&Dec->output, x, m, logits, qbuf, sbuf);
+}
+
+/* One sentence's blockwise decoding with blocks of k = 1 + H->n_heads tokens (k <= 64). keys/values[l]: (1, heads,
+ * capacity, head_dim) each, capacity >= max_len + k + 1; cross_keys/values[l]: (1, heads, S, head_dim). tokens,
+ * scores: room for max_len + 1 (written: the output, end token included, and each token's score). counts
+ * (written): [0] iterations (predict-verify-accept rounds, the last one, which only predicts, included), [1]
+ * decoder passes (the first, on the start token, included). scratch: k * (D + V + 5 D + ffn) + heads' hidden +
+ * n_heads * (D + projection rows) + max(capacity, S) floats; qbuf: k * widest input bytes; sbuf: k floats.
+ * Returns the number of tokens written. */
+int64_t fp_blockwise_search(const fp_decoder *Dec, const fp_proposal_heads *H, float *const *keys,
+                            float *const *values, int64_t capacity, const float *const *cross_keys,
+                            const float *const *cross_values, int64_t S, const uint8_t *source_attend, int64_t bos,
+                            int64_t eos, int64_t pad, int64_t unk, float unk_penalty, int64_t min_len, int64_t max_len, int64_t *tokens,
+                            float *scores, int64_t *counts, float *scratch, int8_t *qbuf, float *sbuf) {
+    const int64_t D = Dec->dim, V = Dec->vocab, k = 1 + H->n_heads;
+    float *x = scratch, *logits = x + k * D, *hidden = logits + k * V, *states = hidden + H->fc1.out;
+    float *head_logits = states + H->n_heads * D, *layer_scratch = head_logits + H->n_heads * H->projection.out;
+    int64_t block[64], choice[64];
+    float best[64], normalizer[64];
+    counts[0] = counts[1] = 0;
+    /* the first pass, on the start token at position 0: p_1's choice of output token 0, the heads' proposals */
+    block[0] = bos;
+    decode_block(Dec, block, 1, 0, keys, values, capacity, cross_keys, cross_values, S, source_attend, x, logits, layer_scratch,
+                 qbuf, sbuf);
+    counts[1] = 1;
+    float first_best, first_normalizer;
+    int64_t first = constrained_argmax(logits, V, 0, eos, pad, unk, unk_penalty, min_len, max_len, &first_best,
+                                       &first_normalizer);
+    propose(H, x, D, pad, block + 1, hidden, states, head_logits, qbuf, sbuf);
+    int64_t n = 0; /* output tokens kept; the cache holds the start token and them: n + 1 positions */
+    for (;;) {
+        counts[0] += 1;
+        if (first == eos) { /* the certain next token ends the output: no pass */
+            tokens[n] = eos;
+            scores[n++] = first_best - first_normalizer;
+            return n;
+        }
+        /* verify: p_1 at block position i (output token n + 1 + i) checks the proposal at i + 1 */
+        block[0] = first;
+        decode_block(Dec, block, k, n + 1, keys, values, capacity, cross_keys, cross_values, S, source_attend, x, logits,
+                     layer_scratch, qbuf, sbuf);
+        counts[1] += 1;
+        for (int64_t i = 0; i < k; ++i)
+            choice[i] = constrained_argmax(logits + i * V, V, n + 1 + i, eos, pad, unk, unk_penalty, min_len, max_len,
+                                           best + i, normalizer + i);
+        int64_t accepted = 1;
+        while (accepted < k && block[accepted] == choice[accepted - 1] && best[accepted - 1] > -INFINITY) ++accepted;
+        int64_t finished = 0;
+        for (int64_t j = 0; j < accepted; ++j)
+            if (block[j] == eos) { accepted = j + 1; finished = 1; break; }
+        tokens[n] = first;
+        scores[n] = first_best - first_normalizer;
+        for (int64_t j = 1; j < accepted; ++j) {
+            tokens[n + j] = block[j];
+            scores[n + j] = best[j - 1] - normalizer[j - 1];
+        }
+        n += accepted;
+        if (finished) return n;
+        /* predict at the last kept position (the rejected tail's cache positions are overwritten next) */
+        const int64_t last = accepted - 1;
+        first = choice[last];
+        first_best = best[last];
+        first_normalizer = normalizer[last];
+        propose(H, x + last * D, D, pad, block + 1, hidden, states, head_logits, qbuf, sbuf);
+    }
+}
