@@ -80,7 +80,7 @@ def reusing_hub_interface():
                     torch.is_tensor(tokenized_sentences) and tokenized_sentences.dim() == 1):
                 return super().generate(tokenized_sentences, beam, verbose, skip_invalid_size_inputs,
                                         inference_step_args, prefix_allowed_tokens_fn, **kwargs)
-            key = (beam, repr(sorted(kwargs.items())), str(self.cfg.generation))
+            key = (beam, repr(sorted(kwargs.items())), generation_settings_key(self.cfg.generation))
             copies = self.__dict__.setdefault("_generation_settings", {})
             settings = copies.get(key)
             if settings is None:  # fairseq's own settings of the call

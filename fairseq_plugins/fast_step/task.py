@@ -69,7 +69,7 @@ class FastStepTranslationTask(ReusedGenerators, TaskCandidateLists, TranslationT
         if self.__dict__.get("_checked_flags", (None,))[0] != flags:
             self._checked_flags = (flags, self._check_flags())
         precision = self._checked_flags[1]
-        if precision is None or getattr(args, "score_reference", False):
+        if precision is None:
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         fingerprint = check_fast_step_models(models, precision)
         return self.reused_generator(
@@ -79,6 +79,8 @@ class FastStepTranslationTask(ReusedGenerators, TaskCandidateLists, TranslationT
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, fingerprint=(flags, fingerprint))
 
     def _build_fast_step_generator(self, models, args, precision, extra_gen_cls_kwargs, prefix_allowed_tokens_fn):
+        if getattr(args, "score_reference", False):  # (scoring references is fairseq's own generator)
+            return super().build_generator(models, args, None, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if getattr(args, "print_alignment", None):
             raise InputError("--print-alignment: not supported with --fast-step (it computes no attention "
                              "weights for the output)")
