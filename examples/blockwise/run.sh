@@ -17,11 +17,15 @@
 #   bench   : fairseq-plugins bench, blockwise generator vs stock greedy on the same base, same run
 #   fast    : the same on the fast decoder step (--fast-step), float32 and int8, batch 1, k in FAST_BLOCK_SIZES
 #             (2 4 6), the whole test set (FAST_LIMIT): blockwise_fast_step.json (BENCH_JSON's name + _fast_step)
+#   ctranslate2: the fast int8 step's blockwise decoding (one native call a sentence) against CTranslate2 int8
+#             greedy on the baseline, in the same runs (bench --reference ctranslate2, the baseline as the stock
+#             side), batch 1, k in CT2_BLOCK_SIZES (2 3), the whole test set (CT2_LIMIT):
+#             blockwise_ctranslate2.json (BENCH_JSON's name + _ctranslate2)
 #
 # Usage: examples/blockwise/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (data/ and checkpoints/checkpoint_best.pt).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
-#        STAGES ("distill train evaluate bench fast"), VARIANTS ("self"), K (heads per model, 10),
+#        STAGES ("distill train evaluate bench fast"; ctranslate2 when asked), VARIANTS ("self"), K (heads per model, 10),
 #        HEAD_VOCAB (2000: heads 2..k train with --blockwise-proposal-vocab and every decode here proposes with
 #        --block-proposal-vocab over that many tokens; 0: the whole vocabulary),
 #        LAYOUT (separate|joint, the heads' --blockwise-head-layout: separate), FFN_DIM (hidden units per
@@ -35,7 +39,8 @@
 #        LATENCY_LIMIT (100), LR_FROZEN (1e-3), LR_FINETUNE (1e-4), TEACHER_WEIGHT (1.0: the KL term to the
 #        baseline when fine-tuning), PROPOSAL_VOCAB (2000) and THRESHOLDS
 #        ("0.3 0.6"): the batch-1 call-cost settings of the bench stage (blockwise_call_cost.json),
-#        FAST_BLOCK_SIZES ("2 4 6") and FAST_LIMIT (0 = the whole test set): the fast stage
+#        FAST_BLOCK_SIZES ("2 4 6") and FAST_LIMIT (0 = the whole test set): the fast stage; CT2_BLOCK_SIZES
+#        ("2 3") and CT2_LIMIT (0): the ctranslate2 stage
 set -euo pipefail
 # shellcheck source=examples/tools.sh
 source "$(dirname "$0")/../tools.sh"  # the venv's commands on PATH (make install)
@@ -206,5 +211,15 @@ if stage fast; then
         "${BEST_VARIANT:-self}" "$block" 1 "${BENCH_RUNS:-3}" "${FAST_LIMIT:-0}" --fast-step \
         --fast-step-precision "$precision"
     done
+  done
+fi
+
+# ---- against CTranslate2 (issue 53's moonshot: >= 1.5x CTranslate2 int8 greedy) ----------------------------
+if stage ctranslate2; then
+  rm -f "${PREFIX}_ctranslate2.json"
+  for block in ${CT2_BLOCK_SIZES:-2 3}; do
+    bench_cell "${PREFIX}_ctranslate2.json" "${BEST_VARIANT:-self} k=$block fast step int8 vs CTranslate2 int8" \
+      "${BEST_VARIANT:-self}" "$block" 1 "${BENCH_RUNS:-3}" "${CT2_LIMIT:-0}" --fast-step --fast-step-precision int8 \
+      --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --reference ctranslate2 --reference-compute-type int8
   done
 fi
