@@ -366,11 +366,11 @@ static void propose(const fp_proposal_heads *H, const float *x, int64_t D, int64
 }
 
 /* The block's m tokens at cache positions t .. t + m - 1 through the decoder, causal among themselves: x (m, D) the
- * features after the final norm, logits (m, V) the output layer's. */
+ * features after the final norm (the output layer is the caller's, a row at a time). */
 static void decode_block(const fp_decoder *Dec, const int64_t *block, int64_t m, int64_t t, float *const *keys,
                          float *const *values, int64_t capacity, const float *const *cross_keys,
                          const float *const *cross_values, int64_t S, const uint8_t *source_attend, float *x,
-                         float *logits, float *layer_scratch, int8_t *qbuf, float *sbuf) {
+                         float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
     for (int64_t i = 0; i < m; ++i) {
         float *row = x + i * D;
@@ -387,7 +387,6 @@ static void decode_block(const fp_decoder *Dec, const int64_t *block, int64_t m,
                               S, source_attend, NULL, layer_scratch, qbuf, sbuf, m, 1, NULL, NULL, NULL);
     if (Dec->final_norm_weight)
         fp_layer_norm(x, m, D, Dec->final_norm_weight, Dec->final_norm_bias, Dec->final_norm_eps);
-    fp_matrix_product(&Dec->output, x, m, logits, qbuf, sbuf);
 }
 
 /* One sentence's blockwise decoding with blocks of k = 1 + H->n_heads tokens (k <= 64). keys/values[l]: (1, heads,
@@ -410,8 +409,9 @@ int64_t fp_blockwise_search(const fp_decoder *Dec, const fp_proposal_heads *H, f
     counts[0] = counts[1] = 0;
     /* the first pass, on the start token at position 0: p_1's choice of output token 0, the heads' proposals */
     block[0] = bos;
-    decode_block(Dec, block, 1, 0, keys, values, capacity, cross_keys, cross_values, S, source_attend, x, logits, layer_scratch,
+    decode_block(Dec, block, 1, 0, keys, values, capacity, cross_keys, cross_values, S, source_attend, x, layer_scratch,
                  qbuf, sbuf);
+    fp_matrix_product(&Dec->output, x, 1, logits, qbuf, sbuf);
     counts[1] = 1;
     float first_best, first_normalizer;
     int64_t first = constrained_argmax(logits, V, 0, eos, pad, unk, unk_penalty, min_len, max_len, &first_best,
@@ -427,14 +427,20 @@ int64_t fp_blockwise_search(const fp_decoder *Dec, const fp_proposal_heads *H, f
         }
         /* verify: p_1 at block position i (output token n + 1 + i) checks the proposal at i + 1 */
         block[0] = first;
-        decode_block(Dec, block, k, n + 1, keys, values, capacity, cross_keys, cross_values, S, source_attend, x, logits,
+        decode_block(Dec, block, k, n + 1, keys, values, capacity, cross_keys, cross_values, S, source_attend, x,
                      layer_scratch, qbuf, sbuf);
         counts[1] += 1;
-        for (int64_t i = 0; i < k; ++i)
-            choice[i] = constrained_argmax(logits + i * V, V, n + 1 + i, eos, pad, unk, unk_penalty, min_len, max_len,
-                                           best + i, normalizer + i);
+        /* p_1's output a position at a time, only while the proposals are verified: the positions after the first
+         * rejected proposal are never read (at batch 1 the int8 output product costs its arithmetic, a row as much
+         * as the decoder's layers) */
         int64_t accepted = 1;
-        while (accepted < k && block[accepted] == choice[accepted - 1] && best[accepted - 1] > -INFINITY) ++accepted;
+        for (int64_t i = 0; i < k; ++i) {
+            fp_matrix_product(&Dec->output, x + i * D, 1, logits, qbuf, sbuf);
+            choice[i] = constrained_argmax(logits, V, n + 1 + i, eos, pad, unk, unk_penalty, min_len, max_len, best + i,
+                                           normalizer + i);
+            if (i + 1 == k || block[i + 1] != choice[i] || !(best[i] > -INFINITY)) break;
+            if (block[++accepted - 1] == eos) break; /* (an accepted end token: nothing after it is read) */
+        }
         int64_t finished = 0;
         for (int64_t j = 0; j < accepted; ++j)
             if (block[j] == eos) { accepted = j + 1; finished = 1; break; }
