@@ -3,9 +3,9 @@
 Importing the package registers every method subpackage with fairseq's registries (once: Python caches
 the import) and installs seven fixes (fairseq_fixes.py): checkpoints load under torch >= 2.6,
 fairseq-generate decodes every sentence, fairseq's hub interface (``from_pretrained(..., task=NAME)``)
-decodes with the task it names and, with --fast-step, reuses its generator from call to call, fairseq-train's --patience survives a resume, its wall clock survives a
-mid-epoch resume, and (opt-in, FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) it saves checkpoint_last.pt mid-epoch
-without validating. So
+decodes with the task it names and, with --fast-step, reuses its generator from call to call,
+fairseq-train's --patience survives a resume, its wall clock survives a mid-epoch resume, and (opt-in,
+FAIRSEQ_PLUGINS_SAVE_LAST_UPDATES) it saves checkpoint_last.pt mid-epoch without validating. So
 ``fairseq-train``, ``fairseq-generate`` and ``fairseq-interactive`` need nothing but ``--user-dir``.
 """
 
