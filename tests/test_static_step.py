@@ -4,13 +4,19 @@ can be captured (``torch.compile(fullgraph=True, dynamic=False)``: a graph break
 graph serves every position); its tensors in the model's half precision; on CUDA, no host synchronisation in a
 step and CUDA graphs equal to the uncaptured step."""
 
+import argparse
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_batch, word_dictionary
+from conftest import assert_same_hypotheses, decode_on, random_batch, word_dictionary
+from fairseq.sequence_generator import SequenceGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fairseq_plugins.common.textio import InputError
+from fairseq_plugins.fast_step.task import FastStepTranslationConfig, FastStepTranslationTask
 from fairseq_plugins.kernels.decoder_step import FastDecoderStep
+from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
 from fairseq_plugins.kernels.static_step import StaticDecoderStep
 from test_fast_step import LAYOUTS, random_transformer
 
@@ -183,6 +189,49 @@ def test_the_static_step_refuses_what_it_cannot_run():
             static.step(prev[:, 0])
 
 
+def generator_outputs(device, beam, **fast_step):
+    """Hypotheses of the stock generator and of the fast step's (``fast_step``: its keywords) for a random
+    transformer on ``device``: 6 sentences whose outputs end at different steps (rows leave the batch)."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary, seed=3)
+    sample = random_batch(dictionary, bsz=6, seed=2)
+    stock = decode_on(device, lambda m: SequenceGenerator([m], dictionary, beam_size=beam, max_len_b=12), model,
+                      sample)
+    fast = decode_on(device, lambda m: FastStepSequenceGenerator([m], dictionary, beam_size=beam, max_len_b=12,
+                                                                 **fast_step), model, sample)
+    return fast, stock
+
+
+@pytest.mark.parametrize("static_step", [True, False], ids=["static step", "fast step"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_fast_step_generator_on_the_static_step_gives_the_stock_hypotheses(beam, static_step):
+    """fairseq's search (beam 4) and the greedy loop (beam 1) on the static step: the stock n-best lists, with
+    sentences finishing at different steps (their rows masked, not removed); as on the fast step's engine."""
+    fast, stock = generator_outputs(torch.device("cpu"), beam, static_step=static_step)
+    assert len({len(hypos[0]["tokens"]) for hypos in stock}) > 1  # sentences end at different steps
+    assert_same_hypotheses(fast, stock)
+
+
+def fast_step_task(**flags):
+    dictionary = word_dictionary()
+    return FastStepTranslationTask(FastStepTranslationConfig(**flags), dictionary, dictionary), dictionary
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"fast_step_cuda_graphs": True}, "^--fast-step-cuda-graphs: only used with --fast-step"),
+    ({"fast_step": True, "fast_step_cuda_graphs": True},
+     r"^--fast-step-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on cpu \(drop the flag"),
+    ({"fast_step": True, "fast_step_cuda_graphs": True, "fast_step_early_stop": True},
+     "^--fast-step-cuda-graphs: not with --fast-step-early-stop$"),
+    ({"fast_step": True, "fast_step_cuda_graphs": True, "fast_step_precision": "int8"},
+     "^--fast-step-cuda-graphs: not with --fast-step-precision int8$"),
+])
+def test_cuda_graph_flag_refusals_name_the_flag(flags, message):
+    task, dictionary = fast_step_task(**flags)
+    with pytest.raises(InputError, match=message):
+        task.build_generator([random_transformer(dictionary)], argparse.Namespace(beam=4))
+
+
 # --- on a CUDA device ------------------------------------------------------------------------------------------
 
 @pytest.mark.cuda
@@ -228,3 +277,19 @@ def test_cuda_graph_steps_equal_the_uncaptured_steps():
             for t, (mine, theirs) in enumerate(zip(got, expected)):
                 torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5, msg=f"batch {batch}, step {t}")
     assert len(captured.shapes) == 1 and next(iter(captured.shapes.values())).graph is not None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cuda_graph_flag_gives_the_uncaptured_hypotheses(beam):
+    """``--fast-step --fast-step-cuda-graphs`` built by the task on the GPU: the hypotheses of the task without
+    the flag (the fast step uncaptured) on the same device."""
+    captured, _ = fast_step_task(fast_step=True, fast_step_cuda_graphs=True)
+    uncaptured, dictionary = fast_step_task(fast_step=True)
+    model = random_transformer(dictionary, seed=3)
+    sample = random_batch(dictionary, bsz=6, seed=2)
+    args = argparse.Namespace(beam=beam, max_len_b=12)
+    cuda = torch.device("cuda")
+    assert_same_hypotheses(decode_on(cuda, lambda m: captured.build_generator([m], args), model, sample),
+                           decode_on(cuda, lambda m: uncaptured.build_generator([m], args), model, sample),
+                           atol=1e-4)

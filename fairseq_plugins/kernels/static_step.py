@@ -92,8 +92,6 @@ class StaticDecoderStep:
         if engine.precision != "fp32":
             raise ValueError(f"the static decoder step runs float matrices (the model's float32, float16 or "
                              f"bfloat16), not {engine.precision} (the int8 kernels run on the CPU)")
-        if engine.output.candidates is not None:
-            raise ValueError("the static decoder step computes logits over the whole vocabulary, not candidate lists")
         device = engine.embed_tokens.device
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {device}")
