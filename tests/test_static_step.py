@@ -5,6 +5,7 @@ graph serves every position); its tensors in the model's half precision; on CUDA
 step and CUDA graphs equal to the uncaptured step."""
 
 import argparse
+import contextlib
 
 import pytest
 import torch
@@ -74,7 +75,7 @@ class FairseqSteps:
 class NoHostReads(TorchDispatchMode):
     """Refuses the operators that read a tensor's values on the host (``.item()``, ``int()``, ``bool()``: a Python
     branch on a value) or give a shape that depends on them: each a synchronisation on a GPU. (The CPU's
-    ``.tolist()`` and ``.cpu()`` do not dispatch: the CUDA test's sync debug mode catches those.)"""
+    ``.tolist()`` and ``.cpu()`` do not dispatch: on CUDA, ``set_sync_debug_mode("error")`` catches those.)"""
 
     REFUSED = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::nonzero", "aten::masked_select",
                "aten::_unique2", "aten::unique_consecutive"}
@@ -85,21 +86,36 @@ class NoHostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class StaticSteps:
-    """The static step as ``incremental_lprobs`` drives a step; its steps and reorders never read a value on
-    the host (``NoHostReads``)."""
+@contextlib.contextmanager
+def never_waiting_on_the_host(device):
+    """``NoHostReads``; on CUDA also the sync debug mode "error" (any synchronisation raises)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with NoHostReads():
+            yield
+    finally:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
 
-    def __init__(self, static):
-        self.static = static
+
+class StaticSteps:
+    """The static step as ``incremental_lprobs`` drives a step; with ``watch``, its steps and reorders never
+    wait on the host (``never_waiting_on_the_host``; a CUDA graph's capture synchronises, its replays not)."""
+
+    def __init__(self, static, watch=True):
+        self.static, self.watch = static, watch
+        self.device = static.engine.embed_tokens.device
 
     def reorder(self, order):
-        with NoHostReads():
+        with never_waiting_on_the_host(self.device) if self.watch else contextlib.nullcontext():
             self.static.reorder(order)
 
     def __call__(self, prev, t):
         assert self.static.length == t
         tokens = prev[:, t]
-        with NoHostReads():
+        with never_waiting_on_the_host(self.device) if self.watch else contextlib.nullcontext():
             return self.static.step(tokens)
 
 
@@ -236,7 +252,8 @@ def test_cuda_graph_flag_refusals_name_the_flag(flags, message):
 
 @pytest.mark.cuda
 def test_static_step_on_cuda_never_waits_on_the_host():
-    """Steps and reorders on the GPU under ``set_sync_debug_mode("error")``: a host synchronisation raises."""
+    """Steps and reorders on the GPU under ``set_sync_debug_mode("error")`` (``StaticSteps``: a host
+    synchronisation raises) give fairseq's log-probabilities there."""
     dictionary = word_dictionary()
     model = random_transformer(dictionary).cuda()
     sample, prev = beam_inputs(dictionary)
@@ -244,13 +261,7 @@ def test_static_step_on_cuda_never_waits_on_the_host():
     prev = prev.cuda()
     with torch.no_grad():
         encoder_out = encoder_rows(model, sample, device="cuda")
-        static = static_step_of(model, encoder_out)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            got = incremental_lprobs(model, sample, prev, StaticSteps(static))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        got = incremental_lprobs(model, sample, prev, StaticSteps(static_step_of(model, encoder_out)))
         expected = incremental_lprobs(model, sample, prev, FairseqSteps(model, encoder_out))
     for t, (mine, theirs) in enumerate(zip(got, expected)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-4, msg=f"step {t}")
@@ -260,7 +271,7 @@ def test_static_step_on_cuda_never_waits_on_the_host():
 def test_cuda_graph_steps_equal_the_uncaptured_steps():
     """The step captured as a CUDA graph at its first call and replayed for every position (reorders and the
     masked rows in between) gives the uncaptured static step's log-probabilities; a second batch of the same
-    shape replays the same graph."""
+    shape replays the same graph, never waiting on the host."""
     dictionary = word_dictionary()
     model = random_transformer(dictionary).cuda()
     sample, prev = beam_inputs(dictionary)
@@ -273,7 +284,7 @@ def test_cuda_graph_steps_equal_the_uncaptured_steps():
         for batch in range(2):
             if batch:
                 captured.start(encoder_out, max_steps=STEPS + 1)
-            got = incremental_lprobs(model, sample, prev, StaticSteps(captured))
+            got = incremental_lprobs(model, sample, prev, StaticSteps(captured, watch=batch > 0))
             for t, (mine, theirs) in enumerate(zip(got, expected)):
                 torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5, msg=f"batch {batch}, step {t}")
     assert len(captured.shapes) == 1 and next(iter(captured.shapes.values())).graph is not None

@@ -147,7 +147,8 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
                   constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
         src_tokens = sample["net_input"]["src_tokens"]
         self.model.prepare(src_tokens, self.beam_size)
-        self.model.max_steps = self._max_len(src_tokens) + 2
+        # the positions a row may take (fairseq's limit; --match-source-len: the source's length) and the end
+        self.model.max_steps = (src_tokens.size(1) if self.match_source_len else self._max_len(src_tokens)) + 2
         hypotheses = None
         if self._plain_search(prefix_tokens, constraints, bos_token):
             # greedy: one native call at batch 1, the batch's native beam search at beam 1 on larger batches
