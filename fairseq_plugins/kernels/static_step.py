@@ -97,7 +97,6 @@ class StaticDecoderStep:
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {device}")
         self.engine = engine
         self.cuda_graphs = cuda_graphs
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.shapes: Dict[Tuple[int, int, int], _Buffers] = {}
         self.buffers: Optional[_Buffers] = None
         self.live = 0  # rows fairseq still decodes: the first ``live`` rows of the buffers
@@ -210,7 +209,8 @@ class StaticDecoderStep:
                     self.step_fn(buffers.tokens, buffers.position)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.graph_pool):
+            # (each graph its own memory pool: shapes replay in any order, which a shared pool does not allow)
+            with torch.cuda.graph(graph):
                 buffers.logits = self.step_fn(buffers.tokens, buffers.position)
             buffers.graph = graph
         buffers.graph.replay()
