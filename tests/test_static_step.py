@@ -250,17 +250,22 @@ def test_cuda_graph_flag_refusals_name_the_flag(flags, message):
 
 # --- on a CUDA device ------------------------------------------------------------------------------------------
 
-@pytest.mark.cuda
-def test_static_step_on_cuda_never_waits_on_the_host():
-    """Steps and reorders on the GPU under ``set_sync_debug_mode("error")`` (``StaticSteps``: a host
-    synchronisation raises) give fairseq's log-probabilities there."""
+def on_cuda():
+    """A random transformer, its sources, previous tokens and encoder output (BEAM rows a sentence) on the GPU."""
     dictionary = word_dictionary()
     model = random_transformer(dictionary).cuda()
     sample, prev = beam_inputs(dictionary)
     sample = {"net_input": {k: v.cuda() for k, v in sample["net_input"].items()}}
-    prev = prev.cuda()
     with torch.no_grad():
-        encoder_out = encoder_rows(model, sample, device="cuda")
+        return model, sample, prev.cuda(), encoder_rows(model, sample, device="cuda")
+
+
+@pytest.mark.cuda
+def test_static_step_on_cuda_never_waits_on_the_host():
+    """Steps and reorders on the GPU under ``set_sync_debug_mode("error")`` (``StaticSteps``: a host
+    synchronisation raises) give fairseq's log-probabilities there."""
+    model, sample, prev, encoder_out = on_cuda()
+    with torch.no_grad():
         got = incremental_lprobs(model, sample, prev, StaticSteps(static_step_of(model, encoder_out)))
         expected = incremental_lprobs(model, sample, prev, FairseqSteps(model, encoder_out))
     for t, (mine, theirs) in enumerate(zip(got, expected)):
@@ -272,13 +277,8 @@ def test_cuda_graph_steps_equal_the_uncaptured_steps():
     """The step captured as a CUDA graph at its first call and replayed for every position (reorders and the
     masked rows in between) gives the uncaptured static step's log-probabilities; a second batch of the same
     shape replays the same graph, never waiting on the host."""
-    dictionary = word_dictionary()
-    model = random_transformer(dictionary).cuda()
-    sample, prev = beam_inputs(dictionary)
-    sample = {"net_input": {k: v.cuda() for k, v in sample["net_input"].items()}}
-    prev = prev.cuda()
+    model, sample, prev, encoder_out = on_cuda()
     with torch.no_grad():
-        encoder_out = encoder_rows(model, sample, device="cuda")
         expected = incremental_lprobs(model, sample, prev, StaticSteps(static_step_of(model, encoder_out)))
         captured = static_step_of(model, encoder_out, cuda_graphs=True)
         for batch in range(2):
