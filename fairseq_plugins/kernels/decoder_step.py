@@ -297,8 +297,10 @@ class FastDecoderStep:
                       max_len: int):
         """One sentence's whole greedy search in one native call, after ``start`` (one row, caches for more than
         max_len positions), with fairseq's rules at beam 1: (tokens, cumulative scores), the end token included;
-        None where the decoder is not all native (``_native_decoder``: then step by step)."""
-        if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len:
+        None where the decoder is not all native (``_native_decoder``: then step by step), or where the source has
+        padding (a sentence padded alone: the kernel attends over every source position)."""
+        if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len \
+                or self.source_attend is not None:
             return None
         table = self._native_positions(max_len)
         if table is False:
