@@ -122,6 +122,19 @@ def test_a_generator_that_leaves_sentences_without_a_hypothesis_is_a_clear_error
             _decoder(lambda b: hypos, "the test generator (Fake)")(batch)
 
 
+def test_a_fp16_bench_records_float16_and_its_agreement_with_float32(trained, tmp_path):
+    """bench --fp16 (here on the CPU, which has the float16 operations decoding needs): the row says the model
+    decoded in float16 and how many outputs a float32 copy of the checkpoint agrees with."""
+    result_path = tmp_path / "r.json"
+    bench(trained, "--beam", 1, "--limit", 6, "--fp16", "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["model_dtype"] == "float16"
+    assert 0 <= result["stats"]["outputs_identical_to_float32"] <= 1
+    bench(trained, "--beam", 1, "--limit", 6, "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["model_dtype"] == "float32" and "outputs_identical_to_float32" not in result["stats"]
+
+
 def test_a_fp16_row_records_its_dtype_and_its_agreement_with_float32():
     """What a --fp16 bench adds (issue 57): ``model_dtype`` of the models as loaded (float16; float32 for the
     copy it compares with), the share of outputs the float16 and float32 decodings agree on, and the overview

@@ -102,10 +102,6 @@ class StaticDecoderStep:
         self.live = 0  # rows fairseq still decodes: the first ``live`` rows of the buffers
         self.length = 0  # positions fed since start
 
-    @property
-    def rows(self) -> int:
-        return self.live
-
     # ---- per batch ----------------------------------------------------------------------------------------
     def start(self, encoder_out: Dict[str, List[Tensor]], max_steps: int) -> None:
         """Cross-attention keys/values of every row's source in the shape's buffers, empty caches for
@@ -116,7 +112,8 @@ class StaticDecoderStep:
         buffers = self._buffers((rows, length_bucket(max_steps), length_bucket(source_len)))
         for layer, cross_keys, cross_values in zip(self.engine.layers, buffers.cross_keys, buffers.cross_values):
             shape = (source_len, rows, layer.heads, layer.head_dim)
-            # (rows, heads, source length, head_dim); the bucket's padding slots stay zeros, masked out
+            # (rows, heads, source length, head_dim); the bucket's slots past the source are masked out (finite:
+            # zeros, or what an earlier batch of the shape left there)
             cross_keys[:, :, :source_len].copy_(plain_product(layer.cross_k, memory).view(shape).permute(1, 2, 0, 3))
             cross_values[:, :, :source_len].copy_(plain_product(layer.cross_v, memory).view(shape).permute(1, 2, 0, 3))
         buffers.source_attend.zero_()
