@@ -122,6 +122,60 @@ def test_a_generator_that_leaves_sentences_without_a_hypothesis_is_a_clear_error
             _decoder(lambda b: hypos, "the test generator (Fake)")(batch)
 
 
+def test_a_fp16_bench_records_float16_and_its_agreement_with_float32(trained, tmp_path):
+    """bench --fp16 (here on the CPU, which has the float16 operations decoding needs): the row says the model
+    decoded in float16 and how many outputs a float32 copy of the checkpoint agrees with."""
+    result_path = tmp_path / "r.json"
+    bench(trained, "--beam", 1, "--limit", 6, "--fp16", "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["model_dtype"] == "float16"
+    assert 0 <= result["stats"]["outputs_identical_to_float32"] <= 1
+    bench(trained, "--beam", 1, "--limit", 6, "--json", result_path)
+    result = json.loads(result_path.read_text())
+    assert result["model_dtype"] == "float32" and "outputs_identical_to_float32" not in result["stats"]
+
+
+def test_a_fp16_row_records_its_dtype_and_its_agreement_with_float32():
+    """What a --fp16 bench adds (issue 57): ``model_dtype`` of the models as loaded (float16; float32 for the
+    copy it compares with), the share of outputs the float16 and float32 decodings agree on, and the overview
+    keeping a GPU fp16 row only where ``model_dtype`` says it decoded in half precision. Here on the CPU: fairseq's
+    greedy search over a random transformer in float16 and in float32."""
+    import argparse
+    import copy
+
+    from conftest import random_batch, word_dictionary
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from fairseq_plugins.bench.harness import _ready_for_inference, model_dtype, outputs_agreement
+    from fairseq_plugins.bench.overview import precision_known
+    from test_fast_step import random_transformer
+
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    cfg = argparse.Namespace(common=argparse.Namespace(fp16=True), generation=argparse.Namespace(beam=1))
+    half = _ready_for_inference([copy.deepcopy(model)], cfg, torch.device("cpu"))
+    full = _ready_for_inference([copy.deepcopy(model)], cfg, torch.device("cpu"), half=False)
+    assert (model_dtype(half), model_dtype(full)) == ("float16", "float32")
+    sample = random_batch(dictionary, bsz=8, seed=3)
+    sample["id"] = torch.arange(8)
+
+    def outputs(models):
+        with torch.no_grad():
+            hypotheses = SequenceGenerator(models, dictionary, beam_size=1, max_len_b=10).generate(models, sample)
+        return {i: h[0]["tokens"].tolist() for i, h in enumerate(hypotheses)}
+
+    ids = list(range(8))
+    float16, float32 = outputs(half), outputs(full)
+    assert outputs_agreement(float32, float32, ids) == 1.0
+    agreement = outputs_agreement(float16, float32, ids)
+    assert agreement == sum(float16[i] == float32[i] for i in ids) / 8 and agreement >= 0.5  # random weights: ties
+    assert outputs_agreement({0: [4, 2], 1: [5, 2]}, {0: [4, 2], 1: [5, 6, 2]}, [0, 1]) == 0.5
+    gpu_fp16_row = {"device_type": "cuda", "commands": ["fairseq-plugins bench --fp16 --device cuda"]}
+    assert not precision_known(gpu_fp16_row)  # before issue 57: the flag only
+    assert precision_known({**gpu_fp16_row, "model_dtype": "float16"})
+    assert not precision_known({**gpu_fp16_row, "model_dtype": "float32"})
+
+
 @pytest.mark.cuda
 def test_cuda_bench_decodes_like_cpu(trained, tmp_path):
     for device in ("cpu", "cuda"):

@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import USER_DIR, DictionaryTask, plugins_cli, random_batch, run, word_dictionary
+import conftest
+from conftest import USER_DIR, DictionaryTask, decode_on, plugins_cli, random_batch, run, word_dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -190,6 +191,23 @@ def test_a_block_of_the_int8_engine_is_its_steps():
         blocks = torch.cat([engine.logits(engine.block_step(prefix[0, :3])),
                             engine.logits(engine.block_step(prefix[0, 3:]))])
     torch.testing.assert_close(blocks, steps, rtol=0, atol=1e-4)
+
+
+def test_a_padded_sentence_alone_gets_the_stock_greedy_output():
+    """Batch 1 with the sentence left-padded (as ``random_batch`` pads it): the fast step's greedy decoding masks
+    the padding (the native one-call greedy search, which attends over every source position, is not taken)."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary, seed=3)
+    for seed in range(3):
+        sample = random_batch(dictionary, bsz=1, seed=seed)
+        assert sample["net_input"]["src_lengths"][0] < sample["net_input"]["src_tokens"].size(1)  # padded
+
+        def generator(cls):
+            return lambda m: cls([m], dictionary, beam_size=1, max_len_b=12)
+
+        cpu = torch.device("cpu")
+        conftest.assert_same_hypotheses(decode_on(cpu, generator(FastStepSequenceGenerator), model, sample),
+                                        decode_on(cpu, generator(SequenceGenerator), model, sample))
 
 
 def test_reorder_keeps_the_named_rows_and_their_sources():

@@ -19,7 +19,9 @@ from fairseq_plugins.blockwise.generator import BlockwiseGenerator
 from fairseq_plugins.double_token.folding import fold
 from fairseq_plugins.double_token.generator import DoubleTokenGenerator
 from fairseq_plugins.fast_step.generator import FastStepEarlyStoppingGenerator
+from fairseq_plugins.kernels.decoder_step import FastDecoderStep
 from fairseq_plugins.kernels.sequence_generator import FastStepSequenceGenerator
+from fairseq_plugins.kernels.static_step import StaticDecoderStep
 from fairseq_plugins.lattice.generator import LatticeGenerator
 from fairseq_plugins.rnn_fc.generator import RnnFcGenerator
 from fairseq_plugins.rnn_fc.steppers import SPEEDUPS
@@ -124,6 +126,30 @@ def test_fp32_fast_step_decodes_a_bfloat16_transformer_in_bfloat16(search):
     hypotheses = decode_in_bfloat16(lambda m: FAST_STEP_GENERATORS[search](m, dictionary), model, sample)
     assert_well_formed(hypotheses, dictionary, 4)
     assert_scores_are_the_models(hypotheses, model, sample, dictionary.eos())
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("static", [False, True], ids=["fast step", "static step"])
+def test_the_fast_steps_of_a_half_precision_model_compute_in_its_dtype(dtype, static):
+    """A model cast to bfloat16 or float16 (what fairseq's --fp16 does): the fast step's and the static step's
+    (issue 57) weights, caches and logits are in that dtype, no float32 copy in between (the native kernels,
+    float32 only, are not used)."""
+    dictionary = word_dictionary()
+    model, sample = random_transformer(dictionary).to(dtype), random_batch(dictionary, bsz=3)
+    engine = FastDecoderStep(model.decoder)
+    assert engine.native_layers is None
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        step = StaticDecoderStep(engine) if static else engine
+        step.start(encoder_out, max_steps=4)
+        tokens = torch.full((3,), dictionary.eos())
+        logits = step.step(tokens) if static else engine.logits(engine.step(tokens))
+    caches = step.buffers if static else engine
+    weights = [engine.embed_tokens, engine.output.weight] + [matrix.weight for layer in engine.layers for matrix in (
+        layer.qkv, layer.self_out, layer.cross_q, layer.cross_k, layer.cross_v, layer.cross_out, layer.fc1, layer.fc2)]
+    assert {w.dtype for w in weights} == {dtype}
+    assert {c.dtype for c in caches.keys + caches.values + caches.cross_keys + caches.cross_values} == {dtype}
+    assert logits.dtype == dtype and logits.shape == (3, len(dictionary))
 
 
 # --- the methods -------------------------------------------------------------------------------------------------

@@ -215,18 +215,19 @@ def _parse_fairseq_args(args, data: PreparedData):
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, fairseq_argv + args.rest))
 
 
-def _load_models(cfg, path: str, task, device: torch.device):
+def _load_models(cfg, path: str, task, device: torch.device, half: Optional[bool] = None):
     from fairseq import checkpoint_utils
 
     models, saved_cfg = checkpoint_utils.load_model_ensemble(
         [path], arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides), task=task,
     )
-    return _ready_for_inference(models, cfg, device), saved_cfg
+    return _ready_for_inference(models, cfg, device, half), saved_cfg
 
 
-def _ready_for_inference(models, cfg, device: torch.device):
+def _ready_for_inference(models, cfg, device: torch.device, half: Optional[bool] = None):
+    """The models on ``device`` in evaluation mode; in float16 with --fp16 (``half`` overrides the flag)."""
     for model in models:
-        if cfg.common.fp16:
+        if cfg.common.fp16 if half is None else half:
             model.half()
         model.to(device).eval()
         model.prepare_for_inference_(cfg)
@@ -563,10 +564,13 @@ def run_bench(args, argv):
         stats.update(generators.method.step_cost_figures(
             _batches(dataset, ids[:STEP_COST_BATCHES * args.batch_size], args.batch_size, device)))
     method_outputs, stock_outputs = (timings.measurements[n].hypotheses for n in ("method", "stock"))
-    stats["outputs_identical_to_baseline"] = sum(method_outputs[i] == stock_outputs[i] for i in ids) / len(ids)
+    stats["outputs_identical_to_baseline"] = outputs_agreement(method_outputs, stock_outputs, ids)
+    if cfg.common.fp16:  # that the row decoded in float16, and what it cost against float32
+        stats["outputs_identical_to_float32"] = outputs_agreement(
+            method_outputs, _float32_outputs(args, cfg, task, dataset, ids, device), ids)
 
     result = _result(args, argv, device, method, stock, stats, timings, provenance,
-                     _hashes(args, data, _method_task_flags(cfg)))
+                     _hashes(args, data, _method_task_flags(cfg)), model_dtype(models))
     if generators.reference:
         result["ctranslate2"] = _ctranslate2_figures(generators.reference, timings, ids, task.target_dictionary,
                                                      tokenizer, references, method)
@@ -578,6 +582,30 @@ def run_bench(args, argv):
     if result["speed_ratio_flagged"]:
         logger.warning("bench: %s", "; ".join(report.flag_reasons(result)))
     return result
+
+
+def outputs_agreement(outputs: Dict[int, List[int]], reference: Dict[int, List[int]], ids: List[int]) -> float:
+    """The share of sentences ``ids`` whose output (best hypothesis' tokens) is the reference's, token for token."""
+    return sum(outputs[i] == reference[i] for i in ids) / len(ids)
+
+
+def _float32_outputs(args, cfg, task, dataset, ids: List[int], device: torch.device) -> Dict[int, List[int]]:
+    """With --fp16: the method's outputs from a float32 copy of its checkpoint (untimed, the same batches), to
+    compare the float16 outputs with."""
+    models, _ = _load_models(cfg, args.path, task, device, half=False)
+    generator = task.build_generator(models, cfg.generation)
+    decode = _decoder(lambda batch: task.inference_step(generator, models, batch),
+                      f"the {args.method} generator in float32 ({type(generator).__name__})")
+    outputs = {}
+    for batch in _batches(dataset, ids, args.batch_size, device):
+        outputs.update(decode(batch))
+    return outputs
+
+
+def model_dtype(models) -> str:
+    """The dtype the models' parameters hold (what a --fp16 row really decoded in), e.g. "float16"."""
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for model in models for p in model.parameters()})
+    return "/".join(dtypes)
 
 
 def _ctranslate2_figures(reference: Dict, timings: Timings, ids: List[int], tgt_dict, tokenizer,
@@ -595,7 +623,7 @@ def _ctranslate2_figures(reference: Dict, timings: Timings, ids: List[int], tgt_
         "checkpoint": reference["checkpoint"],
         "model_dir": reference["dir"],
         "conversion_seconds": reference["conversion_seconds"],  # None: converted by an earlier run
-        "outputs_identical_to_stock": sum(outputs[i] == stock_outputs[i] for i in ids) / len(ids),
+        "outputs_identical_to_stock": outputs_agreement(outputs, stock_outputs, ids),
         **speed_ratio_figures(figures["run_seconds"], method["run_seconds"]),
         "speed_ratio_definition": "CTranslate2 time / method time on the same input sentences, median over the "
                                   "same runs (the method is faster above 1)",
@@ -643,7 +671,7 @@ def _hashes(args, data: PreparedData, task_flags: Dict) -> Dict:
 
 
 def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings: Timings,
-            provenance: List[str], hashes: Dict) -> Dict:
+            provenance: List[str], hashes: Dict, dtype: str) -> Dict:
     """One bench result (the JSON schema of docs/bench.md)."""
     return {
         "method": args.method,
@@ -654,6 +682,7 @@ def _result(args, argv, device, method: Dict, stock: Dict, stats: Dict, timings:
         "threads": timings.timing["threads"],
         "batch_size": args.batch_size,
         "beam": args.beam,
+        "model_dtype": dtype,  # the method's model as decoded (float16 with --fp16)
         **method,
         "stats": stats,
         "baseline": stock,

@@ -108,12 +108,14 @@ def block_size(result: Dict) -> Optional[int]:
 
 def precision_known(result: Dict) -> bool:
     """Whether the precision a row's label claims is known to have been used. On the CPU and in fp32 it is; a GPU
-    bench with ``--fp16``/``--bf16`` records only the flag, not the dtype the method decoded in, and docs/gpu.md
-    found fp16 rows scoring exactly their fp32 BLEU while the stock side's moved: such rows are left out."""
+    bench with ``--fp16``/``--bf16`` from before issue 57 records only the flag, not the dtype the method decoded
+    in, and docs/gpu.md found fp16 rows scoring exactly their fp32 BLEU while the stock side's moved: such rows
+    are left out, as is one whose ``model_dtype`` says it did not decode in half precision."""
     if device_kind(result) == "CPU":
         return True
     command = (result.get("commands") or [""])[-1]
-    return not any(flag in command.split() for flag in ("--fp16", "--bf16")) or bool(result.get("model_dtype"))
+    return not any(flag in command.split() for flag in ("--fp16", "--bf16")) or result.get("model_dtype") in (
+        "float16", "bfloat16")
 
 
 def is_cache_ablation(result: Dict) -> bool:

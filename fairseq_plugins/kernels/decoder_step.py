@@ -136,6 +136,42 @@ class _Layer:
         self.final_norm = _layer_norm(layer.final_layer_norm)
         self.native = self._native_layer(layer)
 
+    def forward(self, x: Tensor, rows: int, group: int, self_attention: Callable[[Tensor, Tensor, Tensor], Tensor],
+                cross_keys: Tensor, cross_values: Tensor, source_attend: Optional[Tensor],
+                product: Callable[[Callable, Tensor], Tensor] = lambda matrix, x: matrix(x)) -> Tensor:
+        """The layer as torch operations on x (rows * group, d). ``self_attention(q, k, v)`` (rows, heads, group,
+        head_dim each) writes k and v to the caches and returns the context over them (the caller's cache
+        layout: ``FastDecoderStep``'s filled prefix, ``StaticDecoderStep``'s whole length masked);
+        ``product(matrix, x)`` runs one of the layer's matrices (a static step's plain ``F.linear``)."""
+        heads, head_dim = self.heads, self.head_dim
+        # self-attention over the prefix
+        residual = x
+        if self.normalize_before:
+            x = self.self_norm(x)
+        # (rows, heads, group, head_dim) each
+        q, k, v = product(self.qkv, x).view(rows, group, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        context = self_attention(q, k, v)
+        x = residual + product(self.self_out, context.transpose(1, 2).reshape(rows * group, heads * head_dim))
+        if not self.normalize_before:
+            x = self.self_norm(x)
+        # attention over the source
+        residual = x
+        if self.normalize_before:
+            x = self.cross_norm(x)
+        q = product(self.cross_q, x).view(rows, group, heads, head_dim).transpose(1, 2)
+        context = attention(q, cross_keys, cross_values, source_attend, self.scaling)
+        x = residual + product(self.cross_out, context.transpose(1, 2).reshape(rows * group, heads * head_dim))
+        if not self.normalize_before:
+            x = self.cross_norm(x)
+        # feed-forward
+        residual = x
+        if self.normalize_before:
+            x = self.final_norm(x)
+        x = residual + product(self.fc2, self.activation(product(self.fc1, x)))
+        if not self.normalize_before:
+            x = self.final_norm(x)
+        return x
+
     def _native_layer(self, layer) -> Optional["native.DecoderLayer"]:
         """The whole layer as one call of the native kernels (``kernels/native``), where they implement it:
         float32 matrices, or int8 ones on the native backend; relu or gelu; affine layer norms."""
@@ -266,8 +302,10 @@ class FastDecoderStep:
                       max_len: int):
         """One sentence's whole greedy search in one native call, after ``start`` (one row, caches for more than
         max_len positions), with fairseq's rules at beam 1: (tokens, cumulative scores), the end token included;
-        None where the decoder is not all native (``_native_decoder``: then step by step)."""
-        if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len:
+        None where the decoder is not all native (``_native_decoder``: then step by step), or where the source has
+        padding (a sentence padded alone: the kernel attends over every source position)."""
+        if self.greedy_searcher is None or self.rows != 1 or self.length != 0 or self.capacity <= max_len \
+                or self.source_attend is not None:
             return None
         table = self._native_positions(max_len)
         if table is False:
@@ -491,37 +529,15 @@ class FastDecoderStep:
             kept = self.key_valid[:rows, None, None, :t + group]
             mask = kept if mask is None else kept & mask
         for index, layer in enumerate(self.layers if native_layers is None else ()):
-            heads, head_dim = layer.heads, layer.head_dim
-            # self-attention over the prefix
-            residual = x
-            if layer.normalize_before:
-                x = layer.self_norm(x)
             keys, values = self.keys[index], self.values[index]
-            # (rows, heads, group, head_dim) each
-            q, k, v = layer.qkv(x).view(rows, group, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-            keys[:rows, :, t:t + group] = k
-            values[:rows, :, t:t + group] = v
-            context = attention(q, keys[:rows, :, :t + group], values[:rows, :, :t + group], mask, layer.scaling)
-            x = residual + layer.self_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
-            if not layer.normalize_before:
-                x = layer.self_norm(x)
-            # attention over the source
-            residual = x
-            if layer.normalize_before:
-                x = layer.cross_norm(x)
-            q = layer.cross_q(x).view(rows, group, heads, head_dim).transpose(1, 2)
-            context = attention(q, self.cross_keys[index], self.cross_values[index], self.source_attend,
-                                layer.scaling)
-            x = residual + layer.cross_out(context.transpose(1, 2).reshape(rows * group, heads * head_dim))
-            if not layer.normalize_before:
-                x = layer.cross_norm(x)
-            # feed-forward
-            residual = x
-            if layer.normalize_before:
-                x = layer.final_norm(x)
-            x = residual + layer.fc2(layer.activation(layer.fc1(x)))
-            if not layer.normalize_before:
-                x = layer.final_norm(x)
+
+            def self_attention(q, k, v, keys=keys, values=values, scaling=layer.scaling):
+                keys[:rows, :, t:t + group] = k
+                values[:rows, :, t:t + group] = v
+                return attention(q, keys[:rows, :, :t + group], values[:rows, :, :t + group], mask, scaling)
+
+            x = layer.forward(x, rows, group, self_attention, self.cross_keys[index], self.cross_values[index],
+                              self.source_attend)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.project_out is not None:

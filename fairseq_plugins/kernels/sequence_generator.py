@@ -25,17 +25,32 @@ from ..common.step_rules import nan_to_minus_inf_
 from ..common.textio import InputError
 from . import native
 from .decoder_step import fast_step_parts
+from .static_step import StaticDecoderStep
 
 
 STATE_KEY = "fast_step"  # marks fairseq's per-batch incremental state as started
 
 
 class FastStepEnsemble(EnsembleModel):
-    def __init__(self, models, precision: str = "fp32", shortlist=None):
+    """``static_step``: the decoder calls run on ``StaticDecoderStep`` (one shape a batch, on the engine's
+    weights), ``cuda_graphs``: captured as CUDA graphs (implies ``static_step``; --fast-step-cuda-graphs)."""
+
+    def __init__(self, models, precision: str = "fp32", shortlist=None, static_step: bool = False,
+                 cuda_graphs: bool = False):
         super().__init__(models)
         if len(models) != 1:
             raise InputError("--fast-step runs one model, not an ensemble")
         self.engine, self.encoder = fast_step_parts(models[0], precision)
+        self.static = None
+        if static_step or cuda_graphs:
+            if shortlist is not None:
+                raise InputError("--fast-step-cuda-graphs: not with --fast-step-shortlist (the static step's "
+                                 "logits cover the whole vocabulary)")
+            try:
+                self.static = StaticDecoderStep(self.engine, cuda_graphs)
+            except ValueError as error:
+                raise InputError(f"--fast-step-cuda-graphs: {error}") from None
+        self.max_steps = 64  # positions a row may take in the batch (the generator sets fairseq's limit + 2)
         self.shortlist = shortlist
         self.vocabulary = models[0].decoder.output_projection.out_features
         self.beam = 1
@@ -59,13 +74,23 @@ class FastStepEnsemble(EnsembleModel):
                         incremental_states: List[Dict[str, Dict[str, Optional[Tensor]]]], temperature: float = 1.0):
         state = incremental_states[0]
         if STATE_KEY not in state:  # fairseq gives each batch a fresh incremental state
-            self.engine.start(encoder_outs[0])
+            self.start(encoder_outs[0])
             state[STATE_KEY] = {}
-            self.started = True
-        if tokens.size(1) != self.engine.length + 1:
-            raise RuntimeError(f"the fast decoder step is at position {self.engine.length}, fairseq asks for "
+        length = self.decoder_step.length
+        if tokens.size(1) != length + 1:
+            raise RuntimeError(f"the fast decoder step is at position {length}, fairseq asks for "
                                f"position {tokens.size(1) - 1}: it decodes one position a call, in order")
         return self.next_lprobs(tokens[:, -1], temperature), None
+
+    @property
+    def decoder_step(self):
+        """What runs the decoder calls: the static step, or the engine."""
+        return self.engine if self.static is None else self.static
+
+    def start(self, encoder_out: Dict[str, List[Tensor]]) -> None:
+        """A batch's decoding starts: the step takes the encoder output, for ``max_steps`` positions."""
+        self.decoder_step.start(encoder_out, max_steps=self.max_steps)
+        self.started = True
 
     def next_lprobs(self, previous: Tensor, temperature: float = 1.0) -> Tensor:
         """Log-probabilities (rows, V) of the next token after each row's prefix, whose last token is
@@ -79,7 +104,10 @@ class FastStepEnsemble(EnsembleModel):
     def next_list_lprobs(self, previous: Tensor, temperature: float = 1.0) -> Tensor:
         """``next_lprobs`` over each row's candidate list only (rows, C), the columns of ``row_candidates``
         (padding columns -inf); without lists, over the vocabulary."""
-        logits = self.engine.logits(self.engine.step(previous))
+        if self.static is not None:
+            logits = self.static.step(previous)
+        else:
+            logits = self.engine.logits(self.engine.step(previous))
         if temperature != 1.0:
             logits = logits / temperature
         self.steps += 1
@@ -90,7 +118,7 @@ class FastStepEnsemble(EnsembleModel):
             # Finished sentences leave the batch: keep the lists of those that stay (each has `beam` rows).
             self.engine.output.keep_sentences(new_order[::self.beam] // self.beam)
             self.row_candidates = self.row_candidates.index_select(0, new_order)
-        self.engine.reorder(new_order)
+        self.decoder_step.reorder(new_order)
 
     def reorder_encoder_out(self, encoder_outs, new_order: Tensor):
         # Once the engine has started it holds what it needs of the encoder output (the cross-attention keys
@@ -105,10 +133,12 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
 
     stat_counters = {"sentences": 0, "steps": 0, "candidates": 0}
 
-    def __init__(self, models, tgt_dict, precision: str = "fp32", shortlist=None, **kwargs):
+    def __init__(self, models, tgt_dict, precision: str = "fp32", shortlist=None, static_step: bool = False,
+                 cuda_graphs: bool = False, **kwargs):
         # (given an ensemble, fairseq's constructor takes it as it is: no EnsembleModel of its own to replace,
         # which cost hub.translate, a generator a call, a second walk over the model)
-        super().__init__(FastStepEnsemble(models, precision, shortlist), tgt_dict, **kwargs)
+        super().__init__(FastStepEnsemble(models, precision, shortlist, static_step, cuda_graphs), tgt_dict,
+                         **kwargs)
         self.precision = precision
         self.reset_generation_stats()
 
@@ -117,6 +147,8 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
                   constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
         src_tokens = sample["net_input"]["src_tokens"]
         self.model.prepare(src_tokens, self.beam_size)
+        # the positions a row may take (fairseq's limit; --match-source-len: the source's length) and the end
+        self.model.max_steps = (src_tokens.size(1) if self.match_source_len else self._max_len(src_tokens)) + 2
         hypotheses = None
         if self._plain_search(prefix_tokens, constraints, bos_token):
             # greedy: one native call at batch 1, the batch's native beam search at beam 1 on larger batches
@@ -156,7 +188,7 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         own), each sentence's hypotheses finalised and ordered as fairseq's (sorted by score, best first)."""
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        if self.model.row_candidates is not None or self.temperature != 1.0 \
+        if self.model.row_candidates is not None or self.temperature != 1.0 or self.model.static is not None \
                 or self.model.engine.beam_searcher is None or src_tokens.device.type != "cpu" \
                 or self.beam_size > native.MAX_NATIVE_BEAM:
             return None
@@ -183,9 +215,8 @@ class FastStepSequenceGenerator(SequenceGenerator, GenerationStats):
         src_tokens = net_input["src_tokens"]
         bsz = src_tokens.size(0)
         max_len = self._max_len(src_tokens)
-        self.model.engine.start(self.model.forward_encoder(net_input)[0], max_steps=max_len + 2)
-        self.model.started = True
-        if bsz == 1 and self.model.row_candidates is None and self.temperature == 1.0:
+        self.model.start(self.model.forward_encoder(net_input)[0])
+        if bsz == 1 and self.model.row_candidates is None and self.temperature == 1.0 and self.model.static is None:
             searched = self.model.engine.greedy_search(self.eos, self.eos, self.pad, self.unk, self.unk_penalty,
                                                        self.min_len, max_len)
             if searched is not None:  # the whole search in one native call
