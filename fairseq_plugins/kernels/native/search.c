@@ -67,6 +67,18 @@ static float log_normalizer(const float *x, int64_t n) {
  * pad never, unk penalised, no end token before min_len tokens, only the end token at max_len; the cumulative
  * float32 score of the best token a step; the first of equal scores wins (torch.topk's order). */
 
+/* The decoder's input at position p for `token`: its scaled embedding plus position p's (the last one past the
+ * table's end), into row (D floats). */
+static inline void embed(const fp_decoder *Dec, int64_t token, int64_t p, float *row) {
+    const int64_t D = Dec->dim;
+    const float *embedding = Dec->embed_tokens + token * D;
+    for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
+    if (Dec->positions) {
+        const float *position = Dec->positions + (p < Dec->n_positions ? p : Dec->n_positions - 1) * D;
+        for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
+    }
+}
+
 /* The decoder at step `step` on `rows` hypotheses, whose last tokens are previous[r]: x (rows, D) the embeddings,
  * then every layer (keys/values/cross as for fp_decoder_layer_step, hypothesis r in cache row cache_rows[r] and
  * source row source_rows[r], or row r where NULL, its prefix's positions where slots say), the final norm;
@@ -77,15 +89,7 @@ static void decode_rows(const fp_decoder *Dec, const int64_t *previous, int64_t 
                         const int64_t *cache_rows, const int64_t *source_rows, const int64_t *slots, float *x,
                         float *logits, float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *embedding = Dec->embed_tokens + previous[r] * D;
-        float *row = x + r * D;
-        for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
-        if (Dec->positions) {
-            const float *position = Dec->positions + (step < Dec->n_positions ? step : Dec->n_positions - 1) * D;
-            for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
-        }
-    }
+    for (int64_t r = 0; r < rows; ++r) embed(Dec, previous[r], step, x + r * D);
     for (int64_t l = 0; l < Dec->n_layers; ++l)
         fp_decoder_layer_step(Dec->layers[l], x, rows, keys[l], values[l], capacity, step, cross_keys[l],
                               cross_values[l], S, source_attend, NULL, layer_scratch, qbuf, sbuf, 1, 1, cache_rows,
@@ -372,16 +376,7 @@ static void decode_block(const fp_decoder *Dec, const int64_t *block, int64_t m,
                          const float *const *cross_values, int64_t S, const uint8_t *source_attend, float *x,
                          float *layer_scratch, int8_t *qbuf, float *sbuf) {
     const int64_t D = Dec->dim;
-    for (int64_t i = 0; i < m; ++i) {
-        float *row = x + i * D;
-        const float *embedding = Dec->embed_tokens + block[i] * D;
-        for (int64_t d = 0; d < D; ++d) row[d] = Dec->embed_scale * embedding[d];
-        if (Dec->positions) {
-            const int64_t p = t + i < Dec->n_positions ? t + i : Dec->n_positions - 1;
-            const float *position = Dec->positions + p * D;
-            for (int64_t d = 0; d < D; ++d) row[d] = row[d] + position[d];
-        }
-    }
+    for (int64_t i = 0; i < m; ++i) embed(Dec, block[i], t + i, x + i * D);
     for (int64_t l = 0; l < Dec->n_layers; ++l)
         fp_decoder_layer_step(Dec->layers[l], x, m, keys[l], values[l], capacity, t, cross_keys[l], cross_values[l],
                               S, source_attend, NULL, layer_scratch, qbuf, sbuf, m, 1, NULL, NULL, NULL);
