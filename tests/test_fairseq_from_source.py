@@ -15,16 +15,20 @@ import pytest
 from conftest import TRAIN_FLAGS, USER_DIR, run
 
 SOURCE = "fairseq-fixed==0.12.3.1"  # the Makefile's FAIRSEQ_SOURCE
+SOURCE_CFLAGS = "-g0"  # the Makefile's FAIRSEQ_SOURCE_CFLAGS: added to the build's own compiler flags
 
 
-def pip(*args, cwd=None, timeout=1200):
+def pip(*args, cwd=None, timeout=1200, env=None):
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                          timeout=timeout, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})})
 
 
-def test_the_makefile_builds_the_source_this_test_builds():
+def test_the_makefile_builds_the_source_this_test_builds_with_the_same_flags():
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "Makefile"), encoding="utf-8") as f:
-        assert re.search(r"^FAIRSEQ_SOURCE \?= (\S+)$", f.read(), re.M).group(1) == SOURCE
+        makefile = f.read()
+    assert re.search(r"^FAIRSEQ_SOURCE \?= (\S+)$", makefile, re.M).group(1) == SOURCE
+    assert re.search(r"^FAIRSEQ_SOURCE_CFLAGS \?= (.+)$", makefile, re.M).group(1) == SOURCE_CFLAGS
+    assert 'CFLAGS="$$CFLAGS $(FAIRSEQ_SOURCE_CFLAGS)"' in makefile
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="no C++ compiler (c++ or g++) on PATH")
@@ -42,7 +46,8 @@ def test_fairseq_compiled_from_source_trains_and_decodes_as_the_wheel(trained, t
     [sdist] = os.listdir(tmp_path / "sdist")
     # --no-cache-dir: a wheel built earlier on this machine must not stand in for the build
     built = pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", str(tmp_path / "sdist" / sdist),
-                "-w", str(tmp_path / "wheel"))
+                "-w", str(tmp_path / "wheel"),
+                env={"CFLAGS": " ".join(filter(None, (os.environ.get("CFLAGS"), SOURCE_CFLAGS)))})
     assert built.returncode == 0, built.stderr[-4000:]
     [wheel] = os.listdir(tmp_path / "wheel")
     target = tmp_path / "target"
