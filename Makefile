@@ -68,7 +68,7 @@ help:
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 	@echo "make results   re-measure every README row from the pinned models (docs/results/models.json) on an idle"
 	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
-	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
+	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench|profile  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 	@echo "make fast-align  build fast_align from $(FAST_ALIGN_SOURCE) into $(FAST_ALIGN_BUILD) (make test does)"
 

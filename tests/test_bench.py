@@ -90,6 +90,7 @@ def test_the_stock_generator_can_decode_without_its_cache(trained, tmp_path):
     (["--data", "/no/such/dir"], "/no/such/dir: not a prepared data directory"),
     (["--path", "/no/such.pt"], "--path /no/such.pt: no such checkpoint"),
     (["--runs", "0"], "--runs must be at least 1, got 0"),
+    (["--profile", "-1"], "--profile must not be negative, got -1"),
     (["--split", "nope"], "--split nope: "),
     (["--source-file", "/dev/null"], "--source-file and --reference-file go together"),
     (["--provenance", "/no/such.txt"], "/no/such.txt: no such file"),
@@ -186,6 +187,41 @@ def test_cuda_bench_decodes_like_cpu(trained, tmp_path):
     assert (tmp_path / "cuda.hyp").read_text() == (tmp_path / "cpu.hyp").read_text()
 
 
+def test_profile_splits_each_generators_time_per_token_on_the_cpu(trained, tmp_path):
+    """--profile: the fast step's greedy decode (the stock output, token for token) spends its time in fewer aten
+    operators per token than the stock generator's; each split adds up to the profiled wall time."""
+    plugins_cli("bench", "--method", "fast_step", "--path", trained["checkpoint"], "--data", trained["data"],
+                "--fast-step", "--threads", 1, "--runs", 1, "--beam", 1, "--limit", 6, "--profile", 4,
+                "--json", tmp_path / "p.json")
+    result = json.loads((tmp_path / "p.json").read_text())
+    profile = result["profile"]
+    assert set(profile) == {"method", "stock", "split"} and "aten operators" in profile["split"]
+    method, stock = profile["method"], profile["stock"]
+    assert method["sentences"] == stock["sentences"] == 4
+    assert method["tokens"] == stock["tokens"] > 4  # the same outputs, EOS included
+    for figures in (method, stock):
+        assert 0 < figures["op_share"] <= 1 and figures["ops_per_token"] > 0
+        assert figures["op_ms_per_token"] + figures["outside_ops_ms_per_token"] == pytest.approx(
+            figures["wall_ms_per_token"], abs=2e-4)
+        assert "device_ms_per_token" not in figures
+    assert method["ops_per_token"] < stock["ops_per_token"]
+    table = plugins_cli("report", "--profile", tmp_path / "p.json").stdout.splitlines()
+    assert table[0] == ("| method | generator | device | tokens | ms/token | aten ops ms | outside ops ms | in ops "
+                        "| ops/token |")
+    assert table[2].startswith("| fast_step | greedy |") and table[3].startswith("| stock | greedy |")
+    assert table[3].split(" | ")[3] == str(stock["tokens"])
+    assert table[-1].startswith("Per output token of the profiled decode: time inside top-level aten operators")
+
+
+@pytest.mark.cuda
+def test_profile_splits_kernel_time_from_the_gaps_on_cuda(trained, tmp_path):
+    bench(trained, "--device", "cuda", "--beam", 1, "--limit", 4, "--profile", 4, "--json", tmp_path / "p.json")
+    stock = json.loads((tmp_path / "p.json").read_text())["profile"]["stock"]
+    assert stock["device_activities_per_token"] > 1 and 0 < stock["device_busy_share"] <= 1
+    assert stock["device_ms_per_token"] + stock["gap_ms_per_token"] == pytest.approx(stock["wall_ms_per_token"],
+                                                                                     abs=2e-4)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_cuda_requested_without_a_device_is_a_clear_error(trained):
     proc = bench(trained, "--device", "cuda", "--limit", 2, check=False)
@@ -214,3 +250,21 @@ def test_baseline_beam_decodes_the_stock_side_at_its_own_beam(trained, tmp_path)
     assert rule["baseline"]["generator"]["no_repeat_ngram_size"] == 0
     assert rule["baseline"]["generator"] == beam5["baseline"]["generator"]
     assert rule["baseline"]["bleu"] == beam5["baseline"]["bleu"]
+
+
+def test_profile_counts_overlapping_device_work_once_and_only_top_level_operators_on_the_host():
+    from types import SimpleNamespace
+
+    from fairseq_plugins.bench.profile import split_events
+
+    def event(name, device, start, end, parent=None):
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device), cpu_parent=parent,
+                               is_async=False, time_range=SimpleNamespace(start=start, end=end))
+
+    linear = event("aten::linear", "CPU", 0, 400)
+    events = [linear, event("aten::addmm", "CPU", 50, 350, parent=linear), event("aten::softmax", "CPU", 900, 1000),
+              event("ProfilerStep#1", "CPU", 0, 5000),  # an annotation, not an operator
+              event("gemm", "CUDA", 100, 300), event("gemm", "CUDA", 250, 400),  # overlapping streams
+              event("softmax", "CUDA", 1000, 1100)]
+    assert split_events(events, on_device=False) == {"busy_ms": 0.5, "count": 2}
+    assert split_events(events, on_device=True) == {"busy_ms": 0.4, "count": 3}

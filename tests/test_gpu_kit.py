@@ -27,7 +27,8 @@ def run_kit(*args, env=None, cwd=REPO, timeout=120):
 
 @pytest.mark.slow
 def test_the_dry_run_runs_every_stage_on_the_cpu(tmp_path):
-    """examples/gpu/dry_run.sh: env, baseline, train, bench, pack and unpack on tiny data, as CI must keep them."""
+    """examples/gpu/dry_run.sh: env, baseline, train, bench, profile, pack and unpack on tiny data, as CI must keep
+    them."""
     work = tmp_path / "dry"
     proc = subprocess.run(["bash", os.path.join(REPO, "examples", "gpu", "dry_run.sh"), str(work)],
                           capture_output=True, text=True, env=kit_env(), cwd=REPO, timeout=2400)
@@ -40,6 +41,9 @@ def test_the_dry_run_runs_every_stage_on_the_cpu(tmp_path):
         labels = {row["label"] for row in rows}
         assert labels == {f"{method} batch 1 fp32", f"{method} batch 4 fp32"}, labels
         assert all(row["device_type"] == "cpu" for row in rows)
+        [profiled] = load_results(str(work / "results" / "profile" / f"{method}.json"))
+        assert profiled["label"] == f"{method} batch 1 fp32" and profiled["sentences"] == 2
+        assert {"method", "stock"} <= set(profiled["profile"]) and profiled["profile"]["method"]["tokens"] > 0
     # The averaged double-token systems came back through pack/unpack as loadable float16 checkpoints.
     import torch
 

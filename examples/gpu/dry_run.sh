@@ -16,7 +16,7 @@ export SRC=${SRC:-en} TGT=${TGT:-de}
 # TRAIN_FLAGS); the methods 1 epoch
 export EPOCHS=3 KIT_EPOCHS=1 GPU_MINUTES=5 BENCH_LIMIT=4 BENCH_RUNS=1 BATCHES="1 4" TRAIN_FLAGS="--warmup-updates 20"
 export DOUBLE_TOKEN_SYSTEMS="l2r-1 bidir-2" RNN_FC_SYSTEMS=fc4-tanh LATTICE_SYSTEMS=distill-1
-export BENCH_METHODS="baseline fast_step double_token rnn_fc"
+export BENCH_METHODS="baseline fast_step double_token rnn_fc" PROFILE_SENTENCES=2
 # Barely trained models loop to the 200-token limit: cap the outputs as the distilled sets are capped.
 export BENCH_FLAGS="--max-len-a 1.2 --max-len-b 10"
 rm -rf "$WORK"
@@ -26,7 +26,7 @@ write_corpus(sys.argv[1], sys.argv[2], sys.argv[3], sizes={'train': 300, 'val': 
   "$WORK/raw" "$SRC" "$TGT"
 fairseq-plugins prepare "$WORK/raw" "$WORK/baseline/data" -s "$SRC" -t "$TGT" --vocab-size 100 2> "$WORK/prepare.log"
 
-for stage in env baseline train bench; do
+for stage in env baseline train bench profile; do
   echo "== dry run: $stage ($(date +%T))"
   examples/gpu/run.sh "$stage"
 done
@@ -46,6 +46,7 @@ done
 
 for method in baseline fast_step double_token rnn_fc; do
   [[ -s $RESULTS/$method.json ]] || { echo "dry run: bench wrote no $RESULTS/$method.json" >&2; exit 1; }
+  [[ -s $RESULTS/profile/$method.json ]] || { echo "dry run: profile wrote no $RESULTS/profile/$method.json" >&2; exit 1; }
 done
 
 echo "== dry run: pack and unpack ($(date +%T))"

@@ -15,6 +15,9 @@
 #              lm-data there (carried)
 #   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
+#   profile  : where a token's time goes: the bench's methods and their stock sides at batch 1 (fp16 on cuda),
+#              PROFILE_SENTENCES (20) decoded under torch.profiler: kernel time against the gaps between kernels
+#              per output token, RESULTS/profile/<method>.json and a table each (fairseq-plugins report --profile)
 #   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
 #              tar.gz, split in parts of 15 MiB, into $OUT (a device command's result folder), 4 at most
 #   pack-rest: the next 4 parts of the last pack (the same warm machine, the next command)
@@ -38,7 +41,7 @@
 #        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
-STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|pack|pack-rest|unpack|stamp [ARGS]}
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|profile|pack|pack-rest|unpack|stamp [ARGS]}
 shift
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
@@ -235,6 +238,11 @@ EOF
     done
     exit $failed ;;
 
+  profile)  # the bench's methods at batch 1 once more, each decode under torch.profiler: RESULTS/profile/<method>.json
+    BATCHES=1 BENCH_RUNS=1 BENCH_LIMIT=${PROFILE_SENTENCES:-20} RESULTS=$RESULTS/profile
+    if [[ $DEVICE == cuda ]]; then PRECISIONS=${PRECISIONS:-fp16}; else PRECISIONS=fp32; fi
+    BENCH_FLAGS="${BENCH_FLAGS-} --profile $BENCH_LIMIT --no-whole-split-bleu"
+    ;&
   bench)
     BASE=$WORK/baseline
     DATA=$BASE/data
@@ -256,7 +264,7 @@ EOF
         done
       done
       mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
-      fairseq-plugins report "$RESULTS/$name.json"
+      fairseq-plugins report "$RESULTS/$name.json" $([[ $STAGE == profile ]] && echo --profile)
     }
     mkdir -p "$WORK/gpu"
     failed=0
@@ -316,5 +324,5 @@ EOF
     ls -l "$OUT"
     ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
 
-  *) fail "unknown stage (env baseline train bytenet bench pack pack-rest unpack stamp)" ;;
+  *) fail "unknown stage (env baseline train bytenet bench profile pack pack-rest unpack stamp)" ;;
 esac

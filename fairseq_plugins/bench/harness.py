@@ -32,6 +32,7 @@ from . import report
 from .ctranslate2_reference import COMPUTE_TYPES
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
                       percentile, speed_ratio_figures, usable_cores)
+from .profile import profile_decoders
 from .provenance import model_hashes
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ def add_bench_parser(subparsers):
     p.add_argument("--latency-limit", type=int, default=100,
                    help="sentences timed one at a time for latency when --batch-size > 1 (0: none, no latency "
                         "figures)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed runs, decode the first N timed sentences once more with each generator "
+                        "under torch.profiler and record, per output token, the device's kernel time against the "
+                        "gaps between kernels (CUDA) or the time inside aten operators against the rest (CPU) "
+                        "as the result's profile (0: no profile)")
     p.add_argument("--label", default=None, help="name of this configuration in tables (default: the method)")
     p.add_argument("--model-note", default=None,
                    help="one line on what the model is (e.g. 'warm-started from the baseline, 3 min'), for tables")
@@ -120,6 +126,8 @@ def add_bench_parser(subparsers):
                    help="bench JSON files or directories of them (default with --readme/--overview-plot: "
                         "docs/results and docs/results/gpu)")
     r.add_argument("--markdown", action="store_true", help="full Markdown table instead of the summary")
+    r.add_argument("--profile", action="store_true",
+                   help="the table of where a token's time goes (the results of bench --profile) instead")
     r.add_argument("--readme", metavar="README", help="rewrite the block between the results markers of this file "
                                                       "with every method's best measured setting")
     r.add_argument("--check", action="store_true",
@@ -158,6 +166,9 @@ def run_report(args, argv):
     if not args.results:
         raise InputError("report: give bench JSON files (or --readme / --overview-plot)")
     results = [result for path in args.results for result in report.load_results(path)]
+    if args.profile:
+        print(report.profile_table(results), end="")
+        return
     print(report.markdown_table(results) if args.markdown else report.summary_table(results), end="")
 
 
@@ -165,7 +176,7 @@ def _check_bench_args(args) -> None:
     for flag in ("batch_size", "beam", "runs"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    for flag in ("threads", "warmup", "limit", "latency_limit"):
+    for flag in ("threads", "warmup", "limit", "latency_limit", "profile"):
         if (getattr(args, flag) or 0) < 0:
             raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
     if args.baseline_beam is not None and args.baseline_beam < 1:
@@ -574,6 +585,9 @@ def run_bench(args, argv):
     if generators.reference:
         result["ctranslate2"] = _ctranslate2_figures(generators.reference, timings, ids, task.target_dictionary,
                                                      tokenizer, references, method)
+    if args.profile:  # after everything timed: the profiler slows what it records
+        result["profile"] = profile_decoders(generators.decoders,
+                                             _batches(dataset, ids[: args.profile], args.batch_size, device), device)
     if args.whole_split_bleu and len(ids) < len(dataset):
         result["split_bleu"] = _whole_split_bleu(args, generators, dataset, ids, timings, device,
                                                  task.target_dictionary, tokenizer, references)

@@ -147,6 +147,41 @@ def markdown_table(results: List[Dict]) -> str:
     return "\n".join(lines) + "\n" + (f"\nSpeed ratio: {SPEED_RATIO_HEADER}.\n" + notes if results else "")
 
 
+PROFILE_COLUMNS = {  # the split's figures and their headers: CUDA, then the CPU's
+    True: (("device_ms_per_token", "kernels ms"), ("gap_ms_per_token", "gaps ms"),
+           ("device_busy_share", "device busy"), ("device_activities_per_token", "kernels/token")),
+    False: (("op_ms_per_token", "aten ops ms"), ("outside_ops_ms_per_token", "outside ops ms"),
+            ("op_share", "in ops"), ("ops_per_token", "ops/token")),
+}
+
+
+def profile_table(results: List[Dict]) -> str:
+    """Where a token's time goes (bench --profile): per result, the method's and the stock generator's profiled
+    time per output token, split into device kernels and the gaps between them (CUDA) or aten operators and
+    the rest (CPU); a table for each of the two."""
+    tables = []
+    for on_device in (True, False):
+        columns = PROFILE_COLUMNS[on_device]
+        header = ["method", "generator", "device", "tokens", "ms/token"] + [title for _, title in columns]
+        lines, splits = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)], set()
+        for result in results:
+            profile = result.get("profile")
+            if not profile or ("device_ms_per_token" in profile["method"]) != on_device:
+                continue
+            splits.add(profile["split"])
+            for name, figures in (("method", result), ("stock", result["baseline"])):
+                p = profile[name]
+                label = (result.get("label") or result["method"]) if name == "method" else "stock"
+                cells = [f"{p[key]:.3f}" for key, _ in columns[:2]] + [f"{100 * p[columns[2][0]]:.0f}%",
+                                                                        f"{p[columns[3][0]]:.1f}"]
+                lines.append("| " + " | ".join([label, figures["generator"]["description"], result["device"],
+                                                 str(p["tokens"]), f"{p['wall_ms_per_token']:.3f}"] + cells) + " |")
+        if splits:
+            tables.append("\n".join(lines) + "\n\nPer output token of the profiled decode: "
+                          + "; ".join(sorted(splits)) + ".\n")
+    return "\n".join(tables) or "no profile in these results (bench --profile N)\n"
+
+
 # What every table's "speed ratio" column is (the full definition: measure.SPEED_RATIO_DEFINITION).
 SPEED_RATIO_HEADER = ("stock time / method time on the same sentences, median over runs (min-max); "
                       "! = flagged, see below")
