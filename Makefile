@@ -125,7 +125,7 @@ results: install
 
 # No install step: on a lent GPU machine the kit installs the carried wheels itself (docs/gpu.md).
 gpu-check:
-	@test -n "$(STAGE)" || { echo "make gpu-check STAGE=env|baseline|train|bytenet|bench (one per device command)"; exit 2; }
+	@test -n "$(STAGE)" || { echo "make gpu-check STAGE=env|baseline|train|bytenet|bench|profile (one per device command)"; exit 2; }
 	examples/gpu/run.sh $(STAGE)
 
 gpu-dry-run: install
