@@ -197,6 +197,7 @@ def test_make_install_takes_the_fairseq_wheel_unless_asked_to_build_it(tmp_path)
     assert "scripts/check_platform.py  --fairseq-from-source" in commands
     built = fairseq_install_line(commands)
     assert "ve-fairseq" not in built
-    # build requirements first, then the sdist compiled against the venv's torch (an isolated build fetches another)
-    assert re.search(r'pip install -q cython numpy setuptools wheel && \S+ -m pip install -q --no-deps '
-                     r'--no-build-isolation --no-binary :all: "fairseq-fixed==0\.12\.3\.1"; }$', built)
+    # build requirements first, then the sdist compiled against the venv's torch (an isolated build fetches another),
+    # without debug information (FAIRSEQ_SOURCE_CFLAGS added to the user's CFLAGS)
+    assert re.search(r'pip install -q cython numpy setuptools wheel && CFLAGS="\$CFLAGS -g0" \S+ -m pip install -q '
+                     r'--no-deps --no-build-isolation --no-binary :all: "fairseq-fixed==0\.12\.3\.1"; }$', built)
