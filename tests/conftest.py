@@ -1,7 +1,8 @@
 """Shared fixtures: a tiny synthetic corpus, its prepared form, and one tiny model trained on it.
 
 Everything is built in temporary directories; no test reads ../shared (a user's clone has none).
-Subprocesses run fairseq's real entry points (`python -m fairseq_cli.train`, ...) with --user-dir.
+Subprocesses run fairseq's real entry points (`python -m fairseq_cli.train`, ...) with --user-dir, forked from
+a process that imported torch and fairseq once (tests/forkserver.py).
 """
 
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from forkserver import ForkServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fairseq_plugins")
@@ -30,8 +32,18 @@ TRAIN_THREADS = os.environ.get("OMP_NUM_THREADS", "2")
 # directly or through another fixture, is marked ``slow``: `make test-fast` (pytest -m "not slow") runs the others.
 TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}  # (and every fixture named *_trained or *_system)
 
+# The longest test files (`make test PYTEST_ARGS=--durations=0`, 2026-11-29), longest first: collected first, so
+# that pytest-xdist (--dist loadfile hands out files in collection order) starts them first and the two workers
+# end together instead of one waiting on a long file started last (the GPU kit's dry run once ran alone for its
+# last 8 minutes).
+LONGEST_FIRST = ("test_gpu_kit.py", "test_double_token.py", "test_rnn_fc.py", "test_bytenet.py", "test_quickstart.py",
+                 "test_blockwise.py", "test_lattice.py", "test_bench.py", "test_fast_step.py",
+                 "test_fairseq_from_source.py")
+
 
 def pytest_collection_modifyitems(config, items):
+    order = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: each file's own order is kept
     cuda_available = None  # asked once, and only if a test needs a device
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -47,11 +59,20 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+FORK_SERVER = ForkServer()
+
+
 def run(module, *args, check=True, env=None, cwd=None, stdin=None, timeout=900):
-    """Run ``python -m module args`` (one thread, as the tests share two cores); fail with its stderr tail."""
+    """Run ``python -m module args`` (one thread, as the tests share two cores); fail with its stderr tail.
+    Forked from a process that imported torch and fairseq already (tests/forkserver.py), unless the command
+    needs an interpreter of its own."""
     command = [sys.executable, "-m", module, *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, input=stdin, timeout=timeout)
+    if FORK_SERVER.usable(env):
+        proc = FORK_SERVER.run(command, env, cwd=cwd, stdin=stdin, timeout=timeout)
+    else:
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, input=stdin,
+                              timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return proc

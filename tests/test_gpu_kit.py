@@ -41,6 +41,7 @@ def test_the_dry_run_runs_every_stage_on_the_cpu(tmp_path):
         labels = {row["label"] for row in rows}
         assert labels == {f"{method} batch 1 fp32", f"{method} batch 4 fp32"}, labels
         assert all(row["device_type"] == "cpu" for row in rows)
+    for method in ("fast_step", "double_token"):  # the dry run's PROFILE_METHODS
         [profiled] = load_results(str(work / "results" / "profile" / f"{method}.json"))
         assert profiled["label"] == f"{method} batch 1 fp32" and profiled["sentences"] == 2
         assert {"method", "stock"} <= set(profiled["profile"]) and profiled["profile"]["method"]["tokens"] > 0

@@ -17,7 +17,8 @@
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
 #   profile  : where a token's time goes: the bench's methods and their stock sides at batch 1 (fp16 on cuda),
 #              PROFILE_SENTENCES (20) decoded under torch.profiler: kernel time against the gaps between kernels
-#              per output token, RESULTS/profile/<method>.json and a table each (fairseq-plugins report --profile)
+#              per output token, RESULTS/profile/<method>.json and a table each (fairseq-plugins report --profile);
+#              PROFILE_METHODS (BENCH_METHODS) chooses the methods
 #   pack     : the named work paths (checkpoints stripped of their optimizer state) and RESULTS as one
 #              tar.gz, split in parts of 15 MiB, into $OUT (a device command's result folder), 4 at most
 #   pack-rest: the next 4 parts of the last pack (the same warm machine, the next command)
@@ -242,6 +243,7 @@ EOF
     BATCHES=1 BENCH_RUNS=1 BENCH_LIMIT=${PROFILE_SENTENCES:-20} RESULTS=$RESULTS/profile
     if [[ $DEVICE == cuda ]]; then PRECISIONS=${PRECISIONS:-fp16}; else PRECISIONS=fp32; fi
     BENCH_FLAGS="${BENCH_FLAGS-} --profile $BENCH_LIMIT --no-whole-split-bleu"
+    BENCH_METHODS=${PROFILE_METHODS:-${BENCH_METHODS:-}}
     ;&
   bench)
     BASE=$WORK/baseline
