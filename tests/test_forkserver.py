@@ -9,9 +9,13 @@ import pytest
 from conftest import FORK_SERVER, run
 
 PROBE = textwrap.dedent("""
-    import os, sys, torch
+    import atexit, logging, os, sys
+    fresh_logging = (logging.root.handlers, logging.root.level)  # what a command that configures logging finds
+    import torch
+    atexit.register(print, "at exit", file=sys.stderr)
     print(os.getcwd(), os.environ.get("PROBE_VALUE"), torch.get_num_threads(), sys.argv[1:], __name__)
-    print(sys.path[0] == os.getcwd(), "fairseq_cli.train" in sys.modules)
+    print(sys.path[0] == os.getcwd(), [m for m in ("fairseq", "fairseq_cli", "fairseq_plugins") if m in sys.modules],
+          fresh_logging)
     print(sys.stdin.read().upper(), end="")
     print("to stderr", file=sys.stderr)
     sys.exit(int(sys.argv[1]))
@@ -27,8 +31,8 @@ def test_a_forked_command_gets_its_directory_environment_threads_arguments_and_s
                            cwd=tmp_path, input="some input\n", env={**os.environ, **env})
     assert forked.returncode == fresh.returncode == 3
     assert forked.stdout == fresh.stdout == (f"{tmp_path} forty two 2 ['3', 'two words'] __main__\n"
-                                             "True False\nSOME INPUT\n")
-    assert forked.stderr == fresh.stderr == "to stderr\n"
+                                             "True [] ([], 30)\nSOME INPUT\n")
+    assert forked.stderr == fresh.stderr == "to stderr\nat exit\n"
     assert run("probe_module", 0, cwd=tmp_path).returncode == 0  # and the next command too
 
 
