@@ -27,9 +27,10 @@ FAIRSEQ_SOURCE ?= fairseq-fixed==0.12.3.1
 FAIRSEQ_SOURCE_CFLAGS ?= -g0
 DATA      ?=
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one.
+# Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one, in
+# the order tests/conftest.py collects them (longest first; xdist would order them by their number of tests).
 TEST_WORKERS ?= 2
-PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # fast_align from its source, where this checkout sits beside ../shared (CI, the project's machines): `make test`
 # builds it out of tree once (the source folder is shared and stays unmodified) and points the tests at it

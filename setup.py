@@ -48,6 +48,6 @@ setup(
     ],
     # setuptools >= 70.1 builds wheels itself: tests/test_fairseq_from_source.py compiles fairseq without
     # build isolation, as `make install FAIRSEQ_FROM_SOURCE=1` does.
-    extras_require={"test": ["pytest", "pytest-xdist", "filelock", "hypothesis", "setuptools>=70.1"]},
+    extras_require={"test": ["pytest", "pytest-xdist>=3.8", "filelock", "hypothesis", "setuptools>=70.1"]},
     entry_points={"console_scripts": ["fairseq-plugins = fairseq_plugins.cli:main"]},
 )

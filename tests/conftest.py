@@ -33,9 +33,9 @@ TRAIN_THREADS = os.environ.get("OMP_NUM_THREADS", "2")
 TRAINING_FIXTURES = {"prepared", "trained", "copy_model"}  # (and every fixture named *_trained or *_system)
 
 # The longest test files (`make test PYTEST_ARGS=--durations=0`, 2026-11-29), longest first: collected first, so
-# that pytest-xdist (--dist loadfile hands out files in collection order) starts them first and the two workers
-# end together instead of one waiting on a long file started last (the GPU kit's dry run once ran alone for its
-# last 8 minutes).
+# that pytest-xdist (`make test`: --dist loadfile --no-loadscope-reorder hands out files in collection order)
+# starts them first and the two workers end together instead of one running a long file started last (the GPU
+# kit's dry run once ran alone for its last 8 minutes).
 LONGEST_FIRST = ("test_gpu_kit.py", "test_double_token.py", "test_rnn_fc.py", "test_bytenet.py", "test_quickstart.py",
                  "test_blockwise.py", "test_lattice.py", "test_bench.py", "test_fast_step.py",
                  "test_fairseq_from_source.py")
