@@ -18,7 +18,7 @@ CPU the operators' recorded time still carries some of that cost.
 """
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -94,12 +94,11 @@ def profile_decoder(decode: Callable[[Dict], Dict[int, List[int]]], batches: Lis
     return figures
 
 
-def profile_decoders(decoders: Dict[str, Callable], batches: List[Dict], device: torch.device,
-                     names: Optional[Sequence[str]] = None) -> Dict:
-    """``profile_decoder`` for each of ``names`` (default: every decoder but CTranslate2's, whose work torch
-    cannot see), and what the split is of."""
-    names = [n for n in (names or decoders) if n != "ctranslate2"]
-    profiles = {name: profile_decoder(decoders[name], batches, device) for name in names}
+def profile_decoders(decoders: Dict[str, Callable], batches: List[Dict], device: torch.device) -> Dict:
+    """``profile_decoder`` for every decoder but CTranslate2's (whose work torch cannot see), and what the split
+    is of."""
+    profiles = {name: profile_decoder(decode, batches, device) for name, decode in decoders.items()
+                if name != "ctranslate2"}
     profiles["split"] = ("device kernels and copies against the gaps between them" if device.type == "cuda"
                          else "time inside top-level aten operators against the rest (Python, the search's "
                               "bookkeeping, native kernels called through ctypes)")
