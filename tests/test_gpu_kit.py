@@ -87,6 +87,11 @@ def test_unknown_stage_and_unpack_without_parts_are_refused(tmp_path):
     assert proc.returncode == 2 and "unknown stage" in proc.stderr
 
 
+def test_the_graphs_stage_needs_a_cuda_device():
+    proc = run_kit("graphs", env=kit_env(DEVICE="cpu"))
+    assert proc.returncode == 2 and "graphs: CUDA graphs need DEVICE=cuda" in proc.stderr, proc.stderr
+
+
 def test_the_bytenet_stage_without_prepared_data_names_the_directory(tmp_path):
     work = tmp_path / "bytenet-gpu"
     proc = run_kit("bytenet", env=kit_env(DEVICE="cpu", BYTENET_WORK=str(work)))

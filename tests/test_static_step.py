@@ -154,20 +154,94 @@ def test_static_step_compiles_to_one_graph_that_equals_the_eager_step():
     with torch.no_grad():
         encoder_out = encoder_rows(model, sample)
         eager, compiled = static_step_of(model, encoder_out), static_step_of(model, encoder_out)
-        compiled_fn = torch.compile(compiled.step_fn, fullgraph=True, dynamic=False, backend="eager")
+        compiled_fn = torch.compile(compiled.group_fn, fullgraph=True, dynamic=False, backend="eager")
         for t in range(STEPS - 1):
             outputs = []
-            for static, fn in ((eager, eager.step_fn), (compiled, compiled_fn)):
+            for static, fn in ((eager, eager.group_fn), (compiled, compiled_fn)):
                 buffers = static.buffers
-                buffers.tokens.copy_(prev[:, t])
-                buffers.position.fill_(t)
-                if t == 0 or fn is eager.step_fn:
-                    outputs.append(fn(buffers.tokens, buffers.position))
-                else:
-                    with torch.compiler.set_stance("fail_on_recompile"):
-                        outputs.append(fn(buffers.tokens, buffers.position))
+                buffers.tokens_of(1).copy_(prev[:, t:t + 1])
+                buffers.lengths.fill_(t)
+                with contextlib.nullcontext() if t == 0 or fn is eager.group_fn else \
+                        torch.compiler.set_stance("fail_on_recompile"):
+                    outputs.append(fn(buffers.tokens_of(1), buffers.lengths, True, True))
             torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-6, msg=f"step {t}")
         torch.testing.assert_close(compiled.buffers.keys[-1], eager.buffers.keys[-1], rtol=0, atol=1e-6)
+
+
+# Blockwise verification: blocks of BLOCK a row, each row then keeping its own number of them (ACCEPTED[call]);
+# a row leaves after the second call (KEEP_ROWS). Double-token: pairs that see each other.
+BLOCK = 3
+ACCEPTED = [[1, 3, 2, 1, 2, 3], [3, 1, 1, 2, 2, 1], [2, 2, 3, 1, 1, 3]]
+KEEP_ROWS = torch.tensor([0, 1, 2, 4, 5])
+
+
+def group_calls(step, prev, causal):
+    """Features of three group calls (BLOCK tokens a row, causal: blockwise's blocks with ``keep_block`` after
+    each; else pairs, every row keeping both) on ``step`` (the engine or the static step), a row leaving
+    after the second call."""
+    m = BLOCK if causal else 2
+    outputs, rows = [], torch.arange(prev.size(0))
+    for call, accepted in enumerate(ACCEPTED):
+        if call == 2:
+            step.reorder(KEEP_ROWS)
+            rows = rows[KEEP_ROWS]
+        start = step.length
+        outputs.append(step.group_step(prev[rows, call * m:(call + 1) * m], causal=causal))
+        if causal:
+            step.keep_block(start, torch.tensor(accepted)[rows])
+    return outputs
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["blockwise blocks", "double-token pairs"])
+def test_static_group_calls_give_the_engines_features(causal):
+    """Blocks that rows keep in different numbers (each row's prefix then its own length), and pairs: the static
+    step's features are the engine's (FastDecoderStep, the fast step's reference), a row leaving between."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    sample, prev = beam_inputs(dictionary)
+    with torch.no_grad():
+        encoder_out = encoder_rows(model, sample)
+        engine = FastDecoderStep(model.decoder, fused=False)
+        engine.start(encoder_out, max_steps=STEPS + 1)
+        expected = group_calls(engine, prev, causal)
+        static = static_step_of(model, encoder_out)
+        got = group_calls(static, prev, causal)
+    for call, (mine, theirs) in enumerate(zip(got, expected)):
+        assert mine.shape == theirs.shape, call
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-5, msg=f"call {call}")
+    if causal:  # each row's prefix: what it kept (the engine's cache ends after the longest block fed)
+        kept = torch.tensor(ACCEPTED).sum(0)[KEEP_ROWS]
+        assert static.buffers.lengths[:len(KEEP_ROWS)].tolist() == kept.tolist()
+        assert static.length == int(kept.max()) < engine.length
+    else:
+        assert static.length == engine.length
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["blockwise blocks", "double-token pairs"])
+def test_static_group_calls_compile_to_one_graph(causal):
+    """A block or pair call compiles whole, and the graph of the first call serves the later ones, whatever
+    each row's prefix length (a recompilation fails): the eager call's outputs."""
+    dictionary = word_dictionary()
+    model = random_transformer(dictionary)
+    sample, prev = beam_inputs(dictionary)
+    m = BLOCK if causal else 2
+    torch._dynamo.reset()
+    with torch.no_grad():
+        encoder_out = encoder_rows(model, sample)
+        eager, compiled = static_step_of(model, encoder_out), static_step_of(model, encoder_out)
+        compiled_fn = torch.compile(compiled.group_fn, fullgraph=True, dynamic=False, backend="eager")
+        lengths = torch.zeros(prev.size(0), dtype=torch.long)
+        for call, accepted in enumerate(ACCEPTED):
+            outputs = []
+            for static, fn in ((eager, eager.group_fn), (compiled, compiled_fn)):
+                buffers = static.buffers
+                buffers.tokens_of(m).copy_(prev[:, call * m:(call + 1) * m])
+                buffers.lengths.copy_(lengths)
+                with contextlib.nullcontext() if call == 0 or fn is eager.group_fn else \
+                        torch.compiler.set_stance("fail_on_recompile"):
+                    outputs.append(fn(buffers.tokens_of(m), buffers.lengths, causal, False))
+            torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-6, msg=f"call {call}")
+            lengths = lengths + (torch.tensor(accepted) if causal else m)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -199,6 +273,10 @@ def test_the_static_step_refuses_what_it_cannot_run():
         static = static_step_of(model, encoder_rows(model, sample))
         with pytest.raises(ValueError, match="reorder to 7 rows: the static step holds 6"):
             static.reorder(torch.zeros(7, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"keep_block\(1, 6 counts\): the last call started at 0"):
+            static.block_step(prev[:, :2])
+            static.keep_block(1, torch.ones(6, dtype=torch.long))
+        static.truncate(0)
         for t in range(static.buffers.slots.numel()):
             static.step(prev[:, t % STEPS])
         with pytest.raises(ValueError, match=r"holds 16 positions \(start's max_steps\)"):
@@ -287,7 +365,7 @@ def test_cuda_graph_steps_equal_the_uncaptured_steps():
             got = incremental_lprobs(model, sample, prev, StaticSteps(captured, watch=batch > 0))
             for t, (mine, theirs) in enumerate(zip(got, expected)):
                 torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5, msg=f"batch {batch}, step {t}")
-    assert len(captured.shapes) == 1 and next(iter(captured.shapes.values())).graph is not None
+    assert len(captured.shapes) == 1 and list(next(iter(captured.shapes.values())).graphs) == [(1, True, True)]
 
 
 @pytest.mark.cuda
@@ -304,3 +382,127 @@ def test_cuda_graph_flag_gives_the_uncaptured_hypotheses(beam):
     assert_same_hypotheses(decode_on(cuda, lambda m: captured.build_generator([m], args), model, sample),
                            decode_on(cuda, lambda m: uncaptured.build_generator([m], args), model, sample),
                            atol=1e-4)
+
+
+# --- the methods on the static step: blockwise's verification, double-token's pairs ---------------------------
+
+def blockwise_decodings(device, acceptance, **static):
+    """Blockwise decoding (all heads) of a random blockwise model on the fast step (``static``: its static-step
+    keywords) on ``device``: 6 sentences; exact acceptance with heads that copy p_1's guess (whole blocks
+    accepted), or topk of half the vocabulary (each sentence keeps its own number a call)."""
+    from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
+    from test_blockwise import HEADS, copying_heads
+    from test_blockwise import random_model as random_blockwise_model
+
+    model, dictionary = random_blockwise_model(layout="separate")
+    settings = {}
+    if acceptance == "exact":
+        copying_heads(model)
+    else:
+        settings = {"acceptance": "topk", "topk": len(dictionary) // 2}
+    sample = random_batch(dictionary, bsz=6, seed=3)
+    generators = []
+
+    def blockwise(m):
+        generators.append(FastStepBlockwiseGenerator(m, dictionary, HEADS, max_len_b=25, **settings, **static))
+        return generators[-1]
+
+    return decode_on(device, blockwise, model, sample), generators[0].generation_stats()
+
+
+@pytest.mark.parametrize("acceptance", ["exact", "topk"])
+def test_blockwise_on_the_static_step_gives_the_fast_steps_hypotheses(acceptance):
+    """Blocks verified on the static step (each row's prefix its own length, rows leaving masked): the tokens
+    and scores of blockwise decoding on the engine."""
+    got, stats = blockwise_decodings(torch.device("cpu"), acceptance, static_step=True)
+    expected, engine_stats = blockwise_decodings(torch.device("cpu"), acceptance)
+    assert_same_hypotheses(got, expected)
+    assert stats["static_step"] and not engine_stats["static_step"] and not stats["cuda_graphs"]
+    assert stats["decoder_invocations"] == engine_stats["decoder_invocations"]
+    assert stats["mean_accepted_block_size"] > 1.5  # blocks were accepted, in part or whole
+
+
+def double_token_decodings(device, **static):
+    """Double-token (bidir-2, beam 4) decoding of a random model on the fast step on ``device``: 6 sentences,
+    EOD's output row scaled up so that hypotheses end at different steps (rows leave the batch)."""
+    from fairseq_plugins.double_token.generator import DoubleTokenGenerator
+    from test_double_token import random_model as random_double_token_model
+
+    model, dictionary, eod = random_double_token_model(std=0.5)
+    with torch.no_grad():
+        model.decoder.output_projection.weight[eod] *= 20
+    sample = random_batch(dictionary, bsz=6, seed=4)
+
+    def double_token(m):
+        return DoubleTokenGenerator(m, dictionary, eod, "bidir", beam_size=4, max_len_b=14,
+                                    fast_step_precision="fp32", **static)
+
+    return decode_on(device, double_token, model, sample)
+
+
+def test_double_token_on_the_static_step_gives_the_fast_steps_hypotheses():
+    """Pairs on the static step (both slots of a hypothesis seeing each other, the output layer inside the call,
+    finished sentences' rows masked): the n-best lists of double-token decoding on the engine."""
+    got = double_token_decodings(torch.device("cpu"), static_step=True)
+    expected = double_token_decodings(torch.device("cpu"))
+    assert len({len(hypos[0]["tokens"]) for hypos in expected}) > 1  # sentences end at different steps
+    assert_same_hypotheses(got, expected)
+
+
+def method_task(task_name, **flags):
+    """A blockwise or double-token task with ``flags``, and a random model it decodes."""
+    if task_name == "blockwise":
+        from fairseq_plugins.blockwise.task import BlockwiseTranslationConfig, BlockwiseTranslationTask
+        from test_blockwise import random_model as random_blockwise_model
+
+        model, dictionary = random_blockwise_model()
+        return BlockwiseTranslationTask(BlockwiseTranslationConfig(**flags), dictionary, dictionary), model
+    from fairseq_plugins.double_token.task import DoubleTokenTranslationConfig, DoubleTokenTranslationTask
+    from test_double_token import random_model as random_double_token_model
+
+    model, dictionary, _eod = random_double_token_model()
+    config = DoubleTokenTranslationConfig(token_order="bidir", tokens_per_step=2, **flags)
+    return DoubleTokenTranslationTask(config, dictionary, dictionary), model
+
+
+@pytest.mark.parametrize("task_name", ["blockwise", "double_token"])
+@pytest.mark.parametrize("flags, message", [
+    ({"fast_step_cuda_graphs": True}, "^--fast-step-cuda-graphs: only used with --fast-step"),
+    ({"fast_step": True, "fast_step_cuda_graphs": True},
+     r"^--fast-step-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on cpu \(drop the flag"),
+    ({"fast_step": True, "fast_step_cuda_graphs": True, "fast_step_precision": "int8"},
+     "^--fast-step-cuda-graphs: not with --fast-step-precision int8$"),
+])
+def test_the_methods_cuda_graph_flag_refusals_name_the_flag(task_name, flags, message):
+    task, model = method_task(task_name, **flags)
+    with pytest.raises(InputError, match=message):
+        task.build_generator([model], argparse.Namespace(beam=1 if task_name == "blockwise" else 4))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("acceptance", ["exact", "topk"])
+def test_blockwise_cuda_graphs_give_the_uncaptured_hypotheses(acceptance):
+    """Blockwise's verify calls captured as CUDA graphs (a graph per block width): the hypotheses of the
+    uncaptured fast step on the GPU, the same number of decoder calls."""
+    cuda = torch.device("cuda")
+    got, stats = blockwise_decodings(cuda, acceptance, cuda_graphs=True)
+    expected, engine_stats = blockwise_decodings(cuda, acceptance)
+    assert_same_hypotheses(got, expected)
+    assert stats["cuda_graphs"] and stats["decoder_invocations"] == engine_stats["decoder_invocations"]
+
+
+@pytest.mark.cuda
+def test_double_token_cuda_graphs_give_the_uncaptured_hypotheses():
+    """Double-token's pair steps captured as CUDA graphs: the uncaptured fast step's n-best lists on the GPU."""
+    cuda = torch.device("cuda")
+    assert_same_hypotheses(double_token_decodings(cuda, cuda_graphs=True), double_token_decodings(cuda))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("task_name", ["blockwise", "double_token"])
+def test_the_methods_cuda_graph_flag_builds_a_captured_generator(task_name):
+    """``--fast-step --fast-step-cuda-graphs`` on the blockwise and double-token tasks, the model on the GPU: a
+    generator whose decoder calls are captured."""
+    task, model = method_task(task_name, fast_step=True, fast_step_cuda_graphs=True)
+    generator = task.build_generator([model.cuda()], argparse.Namespace(beam=1 if task_name == "blockwise" else 4))
+    assert generator.generation_stats()["cuda_graphs"]

@@ -19,15 +19,19 @@
 #   fast     : the bench rows again with every system on the fast decoder step (--fast-step, docs/fast-step.md)
 #              at each of FAST_PRECISIONS (fp32 int8), still against stock l2r-1 (l2r-1's own row: what the fast
 #              step alone gives), batch sizes BENCH_BATCHES -> RESULTS/double_token_fast_step.json
+#   ctranslate2: (only when asked) issue 53's moonshot: bidir-2 on the fast int8 step at beam CT2_BEAM (5) against
+#              the baseline, decoded in the same runs by the stock generator and by CTranslate2 int8 (bench
+#              --reference ctranslate2), one thread, batch 1, the first CT2_LIMIT (0: all) test sentences
+#              -> RESULTS/double_token_ctranslate2.json
 #   ngram    : fairseq-plugins ngram-precision of every system's evaluate output (Table 3)
 #   summary  : examples/double_token/summarize.py -> RESULTS/double_token_table2.{json,md}
 #
 # Usage: examples/double_token/run.sh [BASELINE_WORK] [WORK]
 #   BASELINE_WORK is the work dir of examples/baseline/run.sh (only its prepared data/ is used).
 #   env: SRC (en), TGT (de): the language suffixes, those of BASELINE_WORK's data,
-#        STAGES ("train average evaluate bench beams ngram summary"), SYSTEMS (all five), AVERAGE (5: epoch
-#        checkpoints averaged), EPOCHS (40: a cap; patience stops earlier), PATIENCE (3 validations without a
-#        new best), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
+#        STAGES ("train average evaluate bench beams fast ngram summary"; ctranslate2 when asked: CT2_BEAM,
+#        CT2_LIMIT), SYSTEMS (all five), AVERAGE (5: epoch checkpoints averaged), EPOCHS (40: a cap; patience
+#        stops earlier), PATIENCE (3 validations without a new best), LR (5e-4), WARMUP (500), THREADS (training threads per system, 1: run two
 #        recipes with different SYSTEMS side by side on 2 cores), BEAM (10), BEAMS ("1 2 5 10 20"),
 #        BENCH_LIMIT (200 sentences), BENCH_BATCHES ("1 32": batch sizes of the bench and fast stages), BEAMS_LIMIT (100), BENCH_RUNS (3),
 #        RESULTS (WORK/results; RESULTS=docs/results writes the repository's figures),
@@ -173,6 +177,18 @@ if stage fast; then
       done
     done
   done
+  mv "$json.tmp" "$json"
+fi
+
+if stage ctranslate2; then
+  json=$RESULTS/double_token_ctranslate2.json
+  rm -f "$json.tmp"
+  # shellcheck disable=SC2046,SC2086
+  fairseq-plugins bench --method double_token --label "bidir-2 fast step int8 vs CTranslate2 int8" \
+    --path "$(checkpoint bidir-2)" $GEN_FLAGS --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --data "$DATA" \
+    --split test --device cpu --threads 1 --batch-size 1 --beam "${CT2_BEAM:-5}" --limit "${CT2_LIMIT:-0}" \
+    --runs "${BENCH_RUNS:-3}" --provenance "$COMMANDS" --json "$json.tmp" --append $(system_flags bidir-2) \
+    --fast-step --fast-step-precision int8 --reference ctranslate2 --reference-compute-type int8
   mv "$json.tmp" "$json"
 fi
 

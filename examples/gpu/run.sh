@@ -15,6 +15,9 @@
 #              lm-data there (carried)
 #   bench    : fairseq-plugins bench of every method against the stock generator on the same model, on the GPU,
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
+#   graphs   : the bench again with each method's calls captured as CUDA graphs (fast_step, blockwise and
+#              double_token: --fast-step --fast-step-cuda-graphs; lattice: --lattice-cuda-graphs), against the same
+#              stock sides: RESULTS/<method>_graphs.json (CUDA only; a device command of its own)
 #   profile  : where a token's time goes: the bench's methods and their stock sides at batch 1 (fp16 on cuda),
 #              PROFILE_SENTENCES (20) decoded under torch.profiler: kernel time against the gaps between kernels
 #              per output token, RESULTS/profile/<method>.json and a table each (fairseq-plugins report --profile);
@@ -42,7 +45,7 @@
 #        pack: PACK_DTYPE (float16: checkpoints' floating tensors)
 # Bad input: no CUDA device (DEVICE=cuda) or a missing wheel stops every stage with a message and exit code 2.
 set -euo pipefail
-STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|profile|pack|pack-rest|unpack|stamp [ARGS]}
+STAGE=${1:?usage: examples/gpu/run.sh env|baseline|train|bytenet|bench|graphs|profile|pack|pack-rest|unpack|stamp [ARGS]}
 shift
 DEVICE=${DEVICE:-cuda}
 WHEELS=${WHEELS:-.whl}
@@ -239,18 +242,23 @@ EOF
     done
     exit $failed ;;
 
+  graphs)  # the bench with the methods' calls captured as CUDA graphs: RESULTS/<method>_graphs.json
+    [[ $DEVICE == cuda ]] || fail "CUDA graphs need DEVICE=cuda"
+    GRAPHS=1
+    BENCH_METHODS=${BENCH_METHODS:-fast_step double_token lattice blockwise}
+    ;;&  # (on to the bench's own case below; profile's is skipped)
   profile)  # the bench's methods at batch 1 once more, each decode under torch.profiler: RESULTS/profile/<method>.json
     BATCHES=1 BENCH_RUNS=1 BENCH_LIMIT=${PROFILE_SENTENCES:-20} RESULTS=$RESULTS/profile
     if [[ $DEVICE == cuda ]]; then PRECISIONS=${PRECISIONS:-fp16}; else PRECISIONS=fp32; fi
     BENCH_FLAGS="${BENCH_FLAGS-} --profile $BENCH_LIMIT --no-whole-split-bleu"
     BENCH_METHODS=${PROFILE_METHODS:-${BENCH_METHODS:-}}
     ;&
-  bench)
+  bench|graphs)
     BASE=$WORK/baseline
     DATA=$BASE/data
     mkdir -p "$RESULTS"
     bench_grid() {  # NAME MODEL ARGS...: fairseq-plugins bench over BATCHES x PRECISIONS into RESULTS/NAME.json
-      local name=$1 model=$2 batch precision
+      local name=$1${GRAPHS:+_graphs} model=$2 batch precision
       shift 2
       if [[ ! -f $model ]]; then echo "bench $name: skipped, no model at $model (stage train)"; return 0; fi
       rm -f "$RESULTS/$name.json.tmp" "$WORK/gpu/bench-$name.log"
@@ -268,29 +276,35 @@ EOF
       mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
       fairseq-plugins report "$RESULTS/$name.json" $([[ $STAGE == profile ]] && echo --profile)
     }
+    # The graphs stage's capture flags: of a method on the fast step, of the lattice
+    fast_graphs=() lattice_graphs=()
+    if [[ -n ${GRAPHS-} ]]; then fast_graphs=(--fast-step --fast-step-cuda-graphs) lattice_graphs=(--lattice-cuda-graphs); fi
     mkdir -p "$WORK/gpu"
     failed=0
     for method in ${BENCH_METHODS:-baseline fast_step double_token lattice blockwise rnn_fc}; do
+      if [[ -n ${GRAPHS-} && $method =~ ^(baseline|rnn_fc)$ ]]; then echo "graphs: $method has no captured calls, skipped"; continue; fi
       case $method in
         baseline)  # the stock generator against itself: the device's absolute speed at beam 5
           bench_grid baseline "$BASE/checkpoints/checkpoint_best.pt" --method baseline --beam 5 || failed=1 ;;
         fast_step)
-          bench_grid fast_step "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 \
+          bench_grid fast_step "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 "${fast_graphs[@]}" \
             || failed=1 ;;
         double_token)  # bidir-2 against the single-token l2r-1 system, beam 10 (Table 2)
           bench_grid double_token "$WORK/double_token/bidir-2/checkpoints/checkpoint_avg.pt" --method double_token \
             --baseline-path "$WORK/double_token/l2r-1/checkpoints/checkpoint_avg.pt" --beam 10 \
             --task double_token_translation --token-order bidir --tokens-per-step 2 --max-len-a 1.2 --max-len-b 10 \
+            "${fast_graphs[@]}" \
             || failed=1 ;;
         lattice)  # distill-1 (K = 32, no repeated trigrams) against the plain baseline at beam 5; the table is
                   # built on the CPU (lattice recipe)
           bench_grid lattice "$WORK/lattice/distill-1/checkpoints/checkpoint_avg.pt" --method lattice \
             --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
             --baseline-no-repeat-ngram-size 0 --task lattice_translation \
-            --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 32 --no-repeat-ngram-size 3 || failed=1 ;;
+            --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 32 --no-repeat-ngram-size 3 \
+            "${lattice_graphs[@]}" || failed=1 ;;
         blockwise)  # the self-distilled heads, k = 4, against stock greedy on the same base
           bench_grid blockwise "$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 \
-            --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" || failed=1 ;;
+            --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" "${fast_graphs[@]}" || failed=1 ;;
         rnn_fc)  # fp32 (its int8 runs on the CPU only), beam 6, against the stock generator on the same model
           bench_grid rnn_fc "$WORK/rnn_fc/fc4-tanh/checkpoints/checkpoint_avg.pt" --method rnn_fc --beam 6 \
             || failed=1 ;;
@@ -326,5 +340,5 @@ EOF
     ls -l "$OUT"
     ((left == 0)) || echo "$left part(s) left: run examples/gpu/run.sh pack-rest next (on the same warm machine)" ;;
 
-  *) fail "unknown stage (env baseline train bytenet bench profile pack pack-rest unpack stamp)" ;;
+  *) fail "unknown stage (env baseline train bytenet bench graphs profile pack pack-rest unpack stamp)" ;;
 esac

@@ -23,6 +23,10 @@
 #              x FAST_NO_REPEAT (0 3: Viterbi, or --no-repeat-ngram-size 3): whole-test BLEU and a bench row each,
 #              and FAST_BATCH_SETTING ("32 int8 3": K, precision, no-repeat) at batch 32 on the whole test set
 #              -> RESULTS/lattice_fast.json
+#   ctranslate2: (only when asked) issue 53's moonshot: distill-1 at CT2_SETTINGS ("24 int8 3": K, precision,
+#              no-repeat; several settings separated by commas) against the baseline decoded in the same runs at
+#              beam 5 by the stock generator and by CTranslate2 int8 (bench --reference ctranslate2), batch 1, one
+#              thread, the whole test set (CT2_LIMIT, 0) -> RESULTS/lattice_ctranslate2.json
 #   summary  : examples/lattice/summarize.py -> RESULTS/lattice_summary.{json,md} and the frontier plot
 #              RESULTS/lattice_frontier.png (BLEU gap against speed ratio, every setting, the paper's point)
 #
@@ -236,6 +240,20 @@ if stage fast; then
   BENCH_LIMIT=0 BENCH_BATCH=32 bench_against_baseline distill-1 "$(checkpoint distill-1)" \
     "distill-1 K=$k $precision$([[ $no_repeat != 0 ]] && echo " nr$no_repeat")" "$json.tmp" --lattice-k "$k" \
     --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision" --no-repeat-ngram-size "$no_repeat"
+  mv "$json.tmp" "$json"
+fi
+
+if stage ctranslate2; then
+  json=$RESULTS/lattice_ctranslate2.json
+  rm -f "$json.tmp"
+  IFS=, read -ra settings <<< "${CT2_SETTINGS:-24 int8 3}"
+  for setting in "${settings[@]}"; do
+    read -r k precision no_repeat <<< "$setting"
+    BENCH_LIMIT=${CT2_LIMIT:-0} bench_against_baseline distill-1 "$(checkpoint distill-1)" \
+      "distill-1 K=$k $precision$([[ $no_repeat != 0 ]] && echo " nr$no_repeat") vs CTranslate2 int8" "$json.tmp" \
+      --lattice-k "$k" --lattice-scorer-precision "$precision" --lattice-encoder-precision "$precision" \
+      --no-repeat-ngram-size "$no_repeat" --reference ctranslate2 --reference-compute-type int8
+  done
   mv "$json.tmp" "$json"
 fi
 

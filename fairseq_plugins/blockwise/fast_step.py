@@ -9,7 +9,9 @@ positions, the rest masked), p_1 is projected at every fed position, the heads o
 with per-row activation scales).
 
 With exact acceptance and float32 the output is greedy decoding's (that of the blockwise model's base),
-as on fairseq's decoder.
+as on fairseq's decoder. ``static_step`` (``cuda_graphs``: --fast-step-cuda-graphs, each call captured as a CUDA
+graph) runs the decoder calls on ``StaticDecoderStep``: a block's call has one shape for the whole batch, each
+row's prefix its own length on the device.
 """
 
 import math
@@ -22,6 +24,7 @@ from torch import Tensor
 from ..kernels import native
 from ..kernels.decoder_step import fast_step_parts, native_matrix
 from ..kernels.precision import linear_of
+from ..kernels.static_step import StaticDecoderStep
 from .generator import BlockwiseGenerator
 from .model import ProposalHeads, row_blocks
 
@@ -94,11 +97,17 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
     step_backend = "fast step"
 
     def __init__(self, model, tgt_dict, block_size: int, precision: str = "fp32",
-                 staged_verification_min_sentences: int = STAGED_VERIFICATION_MIN_SENTENCES, **kwargs):
+                 staged_verification_min_sentences: int = STAGED_VERIFICATION_MIN_SENTENCES,
+                 static_step: bool = False, cuda_graphs: bool = False, **kwargs):
         super().__init__(model, tgt_dict, block_size, **kwargs)
         self.precision = precision
         self.staged_verification_min_sentences = staged_verification_min_sentences
         self.engine, self.encoder = fast_step_parts(model, precision, features_only=True)
+        # What runs the decoder calls: the engine, or the static step on its weights (the output products stay
+        # the engine's, outside a captured call)
+        self.steps = self.engine
+        if static_step or cuda_graphs:
+            self.steps = StaticDecoderStep(self.engine, cuda_graphs)
         # p_1 verifies at every fed position; heads 2..k run at the last accepted position only, once
         # verification has found it (at batch 1 a product's cost grows with its rows)
         heads = model.decoder.proposal_heads
@@ -115,12 +124,15 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
 
         # One sentence's whole decoding in one native call (exact acceptance, batch 1; tests/test_blockwise.py)
         self.native_heads = None
-        if self.engine.native_decoder is not None and not heads.learned_first_head and block_size > 1:
+        if (self.engine.native_decoder is not None and not heads.learned_first_head and block_size > 1
+                and self.steps is self.engine):
             self.native_heads = self.proposal_heads.native(
                 self.engine.native_decoder.output if self.proposal_projection is None else self.proposal_projection)
 
     def generation_stats(self) -> Dict:
-        return {**super().generation_stats(), "fast_step": True, "precision": self.precision}
+        return {**super().generation_stats(), "fast_step": True, "precision": self.precision,
+                "static_step": self.steps is not self.engine,
+                "cuda_graphs": getattr(self.steps, "cuda_graphs", False)}
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
@@ -169,11 +181,11 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
 
     def _begin(self, encoder_out, max_len: int) -> None:
         # (a block may run block_size - 1 positions past the last accepted token)
-        self.engine.start(encoder_out, max_steps=max_len + self.block_size + 2)
+        self.steps.start(encoder_out, max_steps=max_len + self.block_size + 2)
 
     def _block_features(self, block: Tensor, positions: Tensor, encoder_out, state) -> Tensor:
         # (the engine keeps each row's position itself: ``positions`` are the same numbers)
-        return self.engine.block_step(block).view(block.size(0), block.size(1), -1)
+        return self.steps.block_step(block).view(block.size(0), block.size(1), -1)
 
     def _verify_call(self, block: Tensor, cached: Tensor, generated: Tensor, encoder_out, incremental_state,
                      max_len: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -219,19 +231,19 @@ class FastStepBlockwiseGenerator(BlockwiseGenerator):
         return self.proposal_projection(rows).view(row_index.numel(), self.block_size - 1, -1)
 
     def _cached_length(self, state) -> int:
-        return self.engine.length
+        return self.steps.length
 
     def _rollback(self, state, cached: Tensor, accepted: Tensor, physical: int) -> None:
-        self.engine.keep_block(physical, accepted)
+        self.steps.keep_block(physical, accepted)
 
     def _truncate(self, state, length: int) -> None:
-        self.engine.truncate(length)
+        self.steps.truncate(length)
 
     def _greedy_step(self, tokens: Tensor, encoder_out, state) -> Tensor:
-        logits = self.engine.logits(self.engine.step(tokens[:, -1]))
+        logits = self.engine.logits(self.steps.group_step(tokens[:, -1:]))
         return torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)
 
     def _keep_rows(self, keep: Tensor, state, encoder_out):
         # The engine holds the sources' keys and values; fairseq's encoder output is not read again
-        self.engine.reorder(keep)
+        self.steps.reorder(keep)
         return encoder_out

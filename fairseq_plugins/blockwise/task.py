@@ -16,7 +16,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from ..common.warm_start import warm_start_built_model
-from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_model, fast_step_precision
+from ..kernels.fast_step_flags import (FastStepConfig, check_fast_step_model, fast_step_cuda_graphs,
+                                      fast_step_precision)
 from .fast_step import FastStepBlockwiseGenerator
 from .generator import BlockwiseGenerator
 from .model import BlockwiseTransformerModel
@@ -114,6 +115,8 @@ class BlockwiseTranslationTask(TranslationTask):
         if precision is not None:  # the blockwise model's own heads make the outputs from the decoder's features
             check_fast_step_model(model, precision, features_only=True)
             generator_class, extra = FastStepBlockwiseGenerator, {"precision": precision}
+        if fast_step_cuda_graphs(self.cfg, precision, models):
+            extra["cuda_graphs"] = True
         return generator_class(
             model, self.target_dictionary, block_size, **extra,
             acceptance=self.cfg.block_acceptance, topk=self.cfg.block_topk, distance=self.cfg.block_distance,

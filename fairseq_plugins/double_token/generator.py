@@ -38,6 +38,7 @@ from ..common.generation import MethodGenerator
 from ..common.step_rules import StepRules, nan_to_minus_inf_
 from ..common.textio import InputError
 from ..kernels.decoder_step import fast_step_parts
+from ..kernels.static_step import StaticDecoderStep
 from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import unfold_indices
 
@@ -105,20 +106,28 @@ class FairseqPairSteps:
 class FastPairSteps:
     """The model side of ``DoubleTokenGenerator`` on the fast decoder step (``--fast-step``): a step's pairs
     go through each layer as the rows of one product, the two slots of a hypothesis seeing each other
-    (``group_step(causal=False)``, the model's step mask); int8 with ``precision`` int8 (the encoder too)."""
+    (``group_step(causal=False)``, the model's step mask); int8 with ``precision`` int8 (the encoder too).
+    ``static_step`` (``cuda_graphs``: --fast-step-cuda-graphs, each step captured as a CUDA graph): on
+    ``StaticDecoderStep``, one shape for the whole batch, the output layer inside the call, finished sentences'
+    rows masked rather than removed."""
 
-    def __init__(self, model, precision: str):
+    def __init__(self, model, precision: str, static_step: bool = False, cuda_graphs: bool = False):
         self.engine, self.encoder = fast_step_parts(model, precision)
+        self.static = StaticDecoderStep(self.engine, cuda_graphs) if static_step or cuda_graphs else None
 
     def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
-        self.engine.start(encode_for_beam(self.encoder, net_input, beam), max_steps=max_len + 4)
+        steps = self.engine if self.static is None else self.static
+        steps.start(encode_for_beam(self.encoder, net_input, beam), max_steps=max_len + 4)
 
     def logits(self, tokens: Tensor) -> Tensor:
+        if self.static is not None:
+            return self.static.group_step(tokens[:, -2:], causal=False, logits=True).view(tokens.size(0), 2, -1)
         features = self.engine.group_step(tokens[:, -2:], causal=False)
         return self.engine.logits(features).view(tokens.size(0), 2, -1)
 
     def reorder(self, rows: Tensor, kept_rows: Optional[Tensor]) -> None:
-        self.engine.reorder(rows)  # the engine's source keys and values follow the rows
+        # the step's source keys and values follow the rows
+        (self.engine if self.static is None else self.static).reorder(rows)
 
 
 class DoubleTokenGenerator(MethodGenerator):
@@ -127,9 +136,10 @@ class DoubleTokenGenerator(MethodGenerator):
     def __init__(self, model, tgt_dict, eod: int, token_order: str, beam_size: int = 5, left_candidates: int = 10,
                  pair_candidates: int = 15, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
                  normalize_scores: bool = True, len_penalty: float = 1.0, unk_penalty: float = 0.0,
-                 temperature: float = 1.0, forced_eod_score: str = "model", fast_step_precision: Optional[str] = None):
+                 temperature: float = 1.0, forced_eod_score: str = "model", fast_step_precision: Optional[str] = None,
+                 static_step: bool = False, cuda_graphs: bool = False):
         """``fast_step_precision``: decode on the fast decoder step at this precision (fp32, int8); None:
-        on the model's own decoder."""
+        on the model's own decoder. ``static_step``, ``cuda_graphs``: see ``FastPairSteps``."""
         assert model.decoder.tokens_per_step == 2, "DoubleTokenGenerator decodes two-token-a-step models"
         assert beam_size >= 1 and left_candidates >= 1 and pair_candidates >= beam_size
         self.model = model
@@ -146,8 +156,10 @@ class DoubleTokenGenerator(MethodGenerator):
         self.forced_eod_is_certain = forced_eod_score == "one"
         self.eos = tgt_dict.eos()
         self.fast_step_precision = fast_step_precision
-        self.steps = FairseqPairSteps(model) if fast_step_precision is None else FastPairSteps(model,
-                                                                                               fast_step_precision)
+        if fast_step_precision is None and (static_step or cuda_graphs):
+            raise InputError("--fast-step-cuda-graphs: only used with --fast-step")
+        self.steps = FairseqPairSteps(model) if fast_step_precision is None else FastPairSteps(
+            model, fast_step_precision, static_step, cuda_graphs)
         self.reset_generation_stats()
 
     # --- statistics (bench harness hooks; fairseq-generate gets a summary line at exit) --------------------
@@ -158,6 +170,8 @@ class DoubleTokenGenerator(MethodGenerator):
         stats = super().generation_stats()  # tokens: of the best hypotheses, EOS included
         if self.fast_step_precision is not None:
             stats["fast_step_precision"] = self.fast_step_precision
+            stats["static_step"] = self.steps.static is not None
+            stats["cuda_graphs"] = self.steps.static is not None and self.steps.static.cuda_graphs
         return stats
 
     def _log_summary(self) -> None:

@@ -26,7 +26,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.textio import InputError
 from ..common.warm_start import warm_start_built_model
-from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..kernels.fast_step_flags import (FastStepConfig, check_fast_step_models, fast_step_cuda_graphs,
+                                      fast_step_precision)
 from ..kernels.sequence_generator import FastStepSequenceGenerator
 from .folding import EOD_SYMBOL, TOKEN_ORDERS, FoldedTargetDataset, check_token_order
 from .generator import (FORCED_EOD_SCORES, DoubleTokenGenerator, FastStepRightToLeftGenerator,
@@ -143,7 +144,8 @@ class DoubleTokenTranslationTask(TranslationTask):
             elif precision is not None:
                 seq_gen_cls = FastStepSequenceGenerator
             if precision is not None:
-                extra_gen_cls_kwargs = {"precision": precision, **(extra_gen_cls_kwargs or {})}
+                extra_gen_cls_kwargs = {"precision": precision, **(extra_gen_cls_kwargs or {}),
+                                        "cuda_graphs": fast_step_cuda_graphs(self.cfg, precision, models)}
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
         if len(models) > 1:
             raise InputError("--path: double-token decoding runs one model, not an ensemble")
@@ -160,13 +162,15 @@ class DoubleTokenTranslationTask(TranslationTask):
         return DoubleTokenGenerator(
             models[0], self.target_dictionary, self.eod, order, beam_size=beam,
             left_candidates=left, pair_candidates=pairs, forced_eod_score=self.cfg.forced_eod_score,
-            fast_step_precision=precision, **options,
+            fast_step_precision=precision, cuda_graphs=fast_step_cuda_graphs(self.cfg, precision, models),
+            **options,
         )
 
     def _fast_step_precision(self, models) -> Optional[str]:
         """--fast-step's precision, or None without it; an InputError where the flags or the model do not fit."""
         precision = fast_step_precision(self.cfg)
         if precision is None:
+            fast_step_cuda_graphs(self.cfg, precision, models)  # (refused without --fast-step)
             return None
         check_fast_step_models(models, precision)
         return precision

@@ -17,7 +17,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..common.generation import generator_options, refuse_unsupported_generation_flags
 from ..common.reused_generators import ReusedGenerators, generation_settings_key
 from ..common.textio import InputError
-from ..kernels.fast_step_flags import FastStepConfig, check_fast_step_models, fast_step_precision
+from ..kernels.fast_step_flags import (FastStepConfig, check_fast_step_models, fast_step_cuda_graphs,
+                                      fast_step_precision)
 from ..kernels.sequence_generator import FastStepSequenceGenerator
 from ..kernels.shortlist import TaskCandidateLists
 from .generator import FastStepEarlyStoppingGenerator
@@ -36,12 +37,6 @@ class FastStepTranslationConfig(FastStepConfig, TranslationConfig):
     )
     fast_step_early_stop_delta: float = field(
         default=3.0, metadata={"help": "the early-stopping margin, >= 0 (larger: fewer sentences stop early)"},
-    )
-    fast_step_cuda_graphs: bool = field(
-        default=False, metadata={"help": "with --fast-step on a CUDA device: decode on the static decoder step "
-                                         "(caches of the whole length, finished rows masked), captured as a CUDA "
-                                         "graph per (rows, length bucket) and replayed every position; the same "
-                                         "hypotheses. Off by default: its speed is not measured yet"},
     )
 
 
@@ -94,13 +89,10 @@ class FastStepTranslationTask(ReusedGenerators, TaskCandidateLists, TranslationT
         device = next(models[0].parameters()).device
         if self.cfg.fast_step_cuda_graphs:
             for flag, given in (("--fast-step-early-stop", self.cfg.fast_step_early_stop),
-                                ("--fast-step-precision int8", precision == "int8"),
                                 ("--fast-step-shortlist", bool(self.cfg.fast_step_shortlist))):
                 if given:
                     raise InputError(f"--fast-step-cuda-graphs: not with {flag}")
-            if device.type != "cuda":
-                raise InputError(f"--fast-step-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on "
-                                 f"{device} (drop the flag, or decode on a GPU)")
+        cuda_graphs = fast_step_cuda_graphs(self.cfg, precision, models)
         shortlist = self.shortlist()
         if self.cfg.fast_step_early_stop:
             refuse_unsupported_generation_flags(args, "--fast-step-early-stop", extra={
@@ -111,6 +103,6 @@ class FastStepTranslationTask(ReusedGenerators, TaskCandidateLists, TranslationT
                 shortlist=None if shortlist is None else shortlist.to(device),
                 early_stop_delta=self.cfg.fast_step_early_stop_delta, **generator_options(args, "beam", "nbest"))
         extra = {"precision": precision, "shortlist": None if shortlist is None else shortlist.to(device),
-                 "cuda_graphs": self.cfg.fast_step_cuda_graphs, **(extra_gen_cls_kwargs or {})}
+                 "cuda_graphs": cuda_graphs, **(extra_gen_cls_kwargs or {})}
         return super().build_generator(models, args, seq_gen_cls=FastStepSequenceGenerator,
                                        extra_gen_cls_kwargs=extra, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)

@@ -1,6 +1,7 @@
-"""``--fast-step`` and ``--fast-step-precision`` for any task whose generator can run on the fast decoder step
-(``fast_step_translation``, ``blockwise_translation``, ``double_token_translation``): the flags as a config
-dataclass to extend, and the checks that turn a flag the model cannot take into an error naming it."""
+"""``--fast-step``, ``--fast-step-precision`` and ``--fast-step-cuda-graphs`` for any task whose generator can run
+on the fast decoder step (``fast_step_translation``, ``blockwise_translation``, ``double_token_translation``): the
+flags as a config dataclass to extend, and the checks that turn a flag the model cannot take into an error naming
+it."""
 
 import weakref
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ class FastStepConfig(FairseqDataclass):
     fast_step_precision: ChoiceEnum(list(PRECISIONS)) = field(
         default="fp32", metadata={"help": "with --fast-step: fp32 (fairseq's outputs), or int8 weights with "
                                           "per-row activation scales (CPU)"},
+    )
+    fast_step_cuda_graphs: bool = field(
+        default=False, metadata={"help": "with --fast-step on a CUDA device: the decoder calls run on the static "
+                                         "decoder step (caches of the whole length, finished rows masked), each "
+                                         "shape's call captured as a CUDA graph at its first use and replayed "
+                                         "after; the same outputs. Off by default: its speed is not measured yet"},
     )
 
 
@@ -61,6 +68,23 @@ def fast_step_precision(cfg: FastStepConfig) -> Optional[str]:
     if precision != "fp32":
         raise InputError("--fast-step-precision: only used with --fast-step (add it, or drop --fast-step-precision)")
     return None
+
+
+def fast_step_cuda_graphs(cfg: FastStepConfig, precision: Optional[str], models) -> bool:
+    """--fast-step-cuda-graphs of a task's config (``precision``: ``fast_step_precision``'s), an InputError where
+    it cannot apply: without --fast-step, with int8 (CPU kernels), a model that is not on a CUDA device."""
+    if not cfg.fast_step_cuda_graphs:
+        return False
+    if precision is None:
+        raise InputError("--fast-step-cuda-graphs: only used with --fast-step (add it, or drop "
+                         "--fast-step-cuda-graphs)")
+    if precision == "int8":
+        raise InputError("--fast-step-cuda-graphs: not with --fast-step-precision int8")
+    device = next(models[0].parameters()).device
+    if device.type != "cuda":
+        raise InputError(f"--fast-step-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on "
+                         f"{device} (drop the flag, or decode on a GPU)")
+    return True
 
 
 def check_fast_step_models(models, precision: str) -> Tuple:

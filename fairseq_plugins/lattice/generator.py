@@ -13,6 +13,9 @@ Per batch, with |x| the source length and L = round(slope * |x| + intercept) the
                 (--lattice-no-hoist); its feed-forward matrices int8 with ``precision="int8"``
                 (--lattice-scorer-precision int8, quantized once, when the generator is built);
   4. Viterbi    the best path of every length L - dL .. L + dL at once, then fairseq's length normalisation.
+With ``cuda_graphs`` (--lattice-cuda-graphs, a model on a CUDA device) the lattice is built first, then the
+encoder and the scoring of every row run as one CUDA graph per shape (source length, lattice positions), captured
+at its first use and replayed after (``kernels.cuda_graphs``): the "scoring" phase then holds the encoder.
 Phase times, decoder calls and the lattice recall of the references (when the batch has them) are kept
 for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
 """
@@ -27,6 +30,7 @@ from torch import Tensor
 
 from ..common.generation import MethodGenerator
 from ..common.textio import InputError
+from ..kernels.cuda_graphs import CapturedCalls, capturable_encoder_out, encoder_unsupported_reason
 from ..kernels.int8 import int8_encoder
 from ..kernels.precision import check_precision
 from .ibm2 import CandidateTable, never_candidates
@@ -46,7 +50,7 @@ class LatticeGenerator(MethodGenerator):
                  normalization: str = "lattice", nbest: int = 1, len_penalty: float = 1.0, normalize_scores: bool = True,
                  max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, hoist: bool = True,
                  precision: str = "fp32", encoder_precision: str = "fp32", mass: float = 1.0,
-                 no_repeat_ngram_size: int = 0, beam: int = 0):
+                 no_repeat_ngram_size: int = 0, beam: int = 0, cuda_graphs: bool = False):
         if len(models) != 1:
             raise InputError("lattice decoding takes one model (no ensembles)")
         if k < 1:
@@ -88,6 +92,21 @@ class LatticeGenerator(MethodGenerator):
         # Built (the int8 matrices quantized) once here; again only if the weights change.
         self._hoisted = HoistedLatticeScorer(self.scorer, precision) if hoist else None
         self._dropouts = [module for module in self.scorer.modules() if isinstance(module, FairseqDropout)]
+        self.cuda_graphs = cuda_graphs
+        self._captured: "CapturedCalls | None" = None
+        if cuda_graphs:
+            device = next(self.model.parameters()).device
+            for flag, given in (("--lattice-scorer-precision int8", precision == "int8"),
+                                ("--lattice-encoder-precision int8", encoder_precision == "int8"),
+                                ("--lattice-no-hoist", not hoist)):
+                if given:
+                    raise InputError(f"--lattice-cuda-graphs: not with {flag}")
+            if device.type != "cuda":
+                raise InputError(f"--lattice-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on "
+                                 f"{device} (drop the flag, or decode on a GPU)")
+            reason = encoder_unsupported_reason(self.encoder)
+            if reason is not None:
+                raise InputError(f"--lattice-cuda-graphs: {reason}")
         self.reset_generation_stats()
 
     # ---- statistics --------------------------------------------------------------------------------
@@ -108,7 +127,8 @@ class LatticeGenerator(MethodGenerator):
                      search_beam=self.beam if self.no_repeat_ngram_size else None, length_delta=self.length_delta,
                      normalization=self.normalization, markov_order=self.order,
                      scorer_layers=len(self.scorer.layers), hoisted=self.hoist, scorer_precision=self.precision,
-                     encoder_precision=self.encoder_precision)
+                     encoder_precision=self.encoder_precision, cuda_graphs=self.cuda_graphs,
+                     graphs_captured=0 if self._captured is None else self._captured.captures)
         return stats
 
     def _log_summary(self) -> None:
@@ -194,6 +214,7 @@ class LatticeGenerator(MethodGenerator):
             return self.scorer.window_features
         if self._hoisted is None or not self._hoisted.matches(self.scorer):
             self._hoisted = HoistedLatticeScorer(self.scorer, self.precision)
+            self._captured = None  # (its graphs read the old tables)
         return self._hoisted.window_features
 
     def _possible_features(self, window_features, window_tokens: Tensor, window_positions: Tensor, state_valid: Tensor,
@@ -228,6 +249,32 @@ class LatticeGenerator(MethodGenerator):
             normalizer = torch.logaddexp(torch.logsumexp(logits, dim=-1), eos_logits)
         return logits - normalizer.unsqueeze(-1), eos_logits - normalizer
 
+    def _score(self, window_features, encoder_out, lattice_tokens: Tensor, lattice_valid: Tensor,
+               skip_impossible: bool):
+        """The edge scores of a lattice of ``positions + 1`` positions (``lattice_tokens``' length): every
+        candidate's and EOS's log-probability (batch, positions + 1, states, K) and (..., states), and the states
+        possible in each sentence. ``skip_impossible``: rows of a state impossible in every sentence are not
+        computed (a host read: not in a captured call)."""
+        positions = lattice_tokens.size(1) - 1
+        window_tokens, window_positions, state_valid = self._states(lattice_tokens, lattice_valid, positions)
+        batch, rows, states, order = window_tokens.shape
+        window_tokens = window_tokens.view(batch, rows * states, order)
+        window_positions = window_positions.reshape(batch, rows * states, order)
+        if skip_impossible:
+            features = self._possible_features(window_features, window_tokens, window_positions, state_valid,
+                                               encoder_out)
+        else:
+            features = window_features(window_tokens, window_positions, encoder_out)
+        features = features.view(batch, rows, states, -1)
+        candidate_scores, eos_scores = self._edge_scores(features, lattice_tokens[:, :rows], lattice_valid[:, :rows])
+        return candidate_scores, eos_scores, state_valid
+
+    def _encode_and_score(self, src_tokens: Tensor, lattice_tokens: Tensor, lattice_valid: Tensor):
+        """The encoder and ``_score`` of every row on the hoisted scorer in one call, no host read in it: what
+        --lattice-cuda-graphs captures."""
+        return self._score(self._hoisted.window_features, capturable_encoder_out(self.encoder, src_tokens),
+                           lattice_tokens, lattice_valid, skip_impossible=False)
+
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         self._begin_generate(prefix_tokens, constraints)
@@ -239,8 +286,9 @@ class LatticeGenerator(MethodGenerator):
         src_tokens = net_input["src_tokens"]
         device = src_tokens.device
         started = time.perf_counter()
-        encoder_out = self.encoder.forward_torchscript(net_input)
-        started = self._tick("encoder", started, device)
+        if not self.cuda_graphs:
+            encoder_out = self.encoder.forward_torchscript(net_input)
+            started = self._tick("encoder", started, device)
 
         source, source_lengths = self._source_content(src_tokens)
         estimate, shortest, longest = self._length_ranges(source_lengths)
@@ -251,13 +299,18 @@ class LatticeGenerator(MethodGenerator):
         lattice_valid = lattice_probs > 0
         started = self._tick("lattice", started, device)
 
-        window_tokens, window_positions, state_valid = self._states(lattice_tokens, lattice_valid, positions)
-        batch, rows, states, order = window_tokens.shape
-        features = self._possible_features(window_features, window_tokens.view(batch, rows * states, order),
-                                           window_positions.reshape(batch, rows * states, order), state_valid,
-                                           encoder_out)
-        features = features.view(batch, rows, states, -1)
-        candidate_scores, eos_scores = self._edge_scores(features, lattice_tokens[:, :rows], lattice_valid[:, :rows])
+        batch, order = lattice_tokens.size(0), self.order
+        if self.cuda_graphs:
+            if self._hoisted is None or window_features != self._hoisted.window_features:
+                raise InputError("--lattice-cuda-graphs runs on the hoisted scorer, which dropout kept at inference "
+                                 "(--retain-dropout) turns off")
+            if self._captured is None:
+                self._captured = CapturedCalls(self._encode_and_score)
+            candidate_scores, eos_scores, state_valid = self._captured(src_tokens, lattice_tokens, lattice_valid)
+            self._stats["scored_rows"] += batch * state_valid[0].numel()
+        else:
+            candidate_scores, eos_scores, state_valid = self._score(
+                window_features, encoder_out, lattice_tokens, lattice_valid, skip_impossible=True)
         impossible = ~state_valid
         transitions = candidate_scores[:, :positions].masked_fill(impossible[:, :positions].unsqueeze(-1), float("-inf"))
         ends = eos_scores.masked_fill(impossible, float("-inf"))

@@ -71,6 +71,12 @@ class LatticeTranslationConfig(TranslationConfig):
                           "encoder, as the fast step's; CPU and float32 models only; about half the encoder's time "
                           "here)"},
     )
+    lattice_cuda_graphs: bool = field(
+        default=False, metadata={"help": "the model on a CUDA device: the encoder and the lattice's scoring as one "
+                                         "CUDA graph per shape (source length, lattice positions), captured at its "
+                                         "first use and replayed after; the same outputs. float32 or half "
+                                         "models, the hoisted scorer. Off by default: its speed is not measured yet"},
+    )
     lattice_base_checkpoint: Optional[str] = field(
         default=None, metadata={"help": "training: warm-start the encoder and the target embeddings (and output "
                                         "matrix) from this trained fairseq transformer of the same sizes and data "
@@ -144,5 +150,6 @@ class LatticeTranslationTask(TranslationTask):
             models, self.target_dictionary, self.candidate_table().to(device), k=self.cfg.lattice_k,
             length_delta=self.cfg.lattice_length_delta, normalization=str(self.cfg.lattice_normalize),
             hoist=not self.cfg.lattice_no_hoist, precision=precision, encoder_precision=encoder_precision,
-            mass=self.cfg.lattice_mass, beam=self.cfg.lattice_beam, **options,
+            mass=self.cfg.lattice_mass, beam=self.cfg.lattice_beam, cuda_graphs=self.cfg.lattice_cuda_graphs,
+            **options,
         )
