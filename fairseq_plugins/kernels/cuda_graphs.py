@@ -64,7 +64,6 @@ class CapturedCalls:
         return output
 
 
-
 def encoder_unsupported_reason(encoder: nn.Module) -> Optional[str]:
     """Why ``capturable_encoder_out`` cannot run ``encoder``, or None: it runs fairseq's transformer encoder as
     it is."""
