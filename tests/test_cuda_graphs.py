@@ -83,6 +83,48 @@ def test_the_captured_encoder_and_scoring_compile_whole_and_give_the_uncaptured_
                 torch.testing.assert_close(mine[possible], theirs[possible], rtol=0, atol=1e-5)
 
 
+class EagerCalls:
+    """``CapturedCalls`` without CUDA: the same call, run eagerly, counting its shapes as captures."""
+
+    def __init__(self, fn):
+        self.fn, self.shapes = fn, set()
+
+    @property
+    def captures(self):
+        return len(self.shapes)
+
+    def __call__(self, *inputs):
+        self.shapes.add(tuple(t.shape for t in inputs))
+        return self.fn(*inputs)
+
+
+@pytest.mark.parametrize("no_repeat_ngram_size", [0, 2])
+def test_the_captured_path_pads_to_buckets_and_gives_the_uncaptured_paths(monkeypatch, no_repeat_ngram_size):
+    """The lattice generator's captured path on the CPU, its call run eagerly (``EagerCalls``): the source padded
+    on the left and the lattice on the right to their buckets of 16, every row scored, cut back: the
+    uncaptured generator's paths, for a batch of 4 and sentence by sentence (shapes shared within a bucket); new
+    weights make new graphs."""
+    import fairseq_plugins.lattice.generator as lattice_module
+
+    monkeypatch.setattr(lattice_module, "CapturedCalls", EagerCalls)
+    model, dictionary = tiny_lattice_model(2, layers=2)
+    plain = lattice_generator(model, dictionary, no_repeat_ngram_size=no_repeat_ngram_size)
+    captured = lattice_generator(model, dictionary, no_repeat_ngram_size=no_repeat_ngram_size)
+    captured.cuda_graphs = True  # (the constructor refuses the flag on the CPU)
+    batch = random_batch(dictionary, 4, seed=6)
+    sentences = [{"net_input": {k: v[i:i + 1] for k, v in batch["net_input"].items()}} for i in range(4)]
+    with torch.no_grad():
+        for sample in [batch] + sentences:
+            assert_same_hypotheses(as_lists(captured.generate([model], sample)),
+                                   as_lists(plain.generate([model], sample)), atol=1e-5)
+        graphs = captured._captured
+        assert {shape[0] for shape in graphs.shapes} == {(4, 16), (1, 16)}  # sources of 2..7 tokens: one bucket
+        assert all(shape[1][1] == 16 for shape in graphs.shapes)
+        model.decoder.output_projection.weight.add_(0.0)  # an in-place write: the weights' version moves on
+        captured.generate([model], sentences[0])
+    assert captured._captured is not graphs
+
+
 @pytest.mark.parametrize("flags, message", [
     ({}, r"^--lattice-cuda-graphs: CUDA graphs need the model on a CUDA device, it is on cpu \(drop the flag"),
     ({"precision": "int8"}, "^--lattice-cuda-graphs: not with --lattice-scorer-precision int8$"),

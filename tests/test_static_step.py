@@ -273,9 +273,15 @@ def test_the_static_step_refuses_what_it_cannot_run():
         static = static_step_of(model, encoder_rows(model, sample))
         with pytest.raises(ValueError, match="reorder to 7 rows: the static step holds 6"):
             static.reorder(torch.zeros(7, dtype=torch.long))
-        with pytest.raises(ValueError, match=r"keep_block\(1, 6 counts\): the last call started at 0"):
-            static.block_step(prev[:, :2])
+        static.block_step(prev[:, :2])
+        with pytest.raises(ValueError, match=r"keep_block\(1, \[1, 1, 1, 1, 1, 1\]\): the last call fed 2 "
+                                             r"positions after 0, to 6 live rows"):
             static.keep_block(1, torch.ones(6, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"keep_block\(0, \[3, 0, 0, 0, 0, 0\]\): the last call fed 2"):
+            static.keep_block(0, torch.tensor([3, 0, 0, 0, 0, 0]))
+        static.keep_block(0, torch.tensor([2, 1, 2, 2, 2, 2]))
+        with pytest.raises(ValueError, match=r"truncate to 2: the rows' prefixes hold \[2, 1, 2, 2, 2, 2\]"):
+            static.truncate(2)
         static.truncate(0)
         for t in range(static.buffers.slots.numel()):
             static.step(prev[:, t % STEPS])

@@ -17,7 +17,9 @@
 #              batch 1 and batch 64, fp32 and fp16: RESULTS/<method>.json
 #   graphs   : the bench again with each method's calls captured as CUDA graphs (fast_step, blockwise and
 #              double_token: --fast-step --fast-step-cuda-graphs; lattice: --lattice-cuda-graphs), against the same
-#              stock sides: RESULTS/<method>_graphs.json (CUDA only; a device command of its own)
+#              stock sides: RESULTS/<method>_graphs.json, and blockwise and double_token on the fast step uncaptured
+#              (RESULTS/<method>_fast_step.json: the bench stage runs them on their own decoders), so that what the
+#              graphs add is the ratio of the two (CUDA only; a device command of its own)
 #   profile  : where a token's time goes: the bench's methods and their stock sides at batch 1 (fp16 on cuda),
 #              PROFILE_SENTENCES (20) decoded under torch.profiler: kernel time against the gaps between kernels
 #              per output token, RESULTS/profile/<method>.json and a table each (fairseq-plugins report --profile);
@@ -258,7 +260,7 @@ EOF
     DATA=$BASE/data
     mkdir -p "$RESULTS"
     bench_grid() {  # NAME MODEL ARGS...: fairseq-plugins bench over BATCHES x PRECISIONS into RESULTS/NAME.json
-      local name=$1${GRAPHS:+_graphs} model=$2 batch precision
+      local name=$1 model=$2 batch precision
       shift 2
       if [[ ! -f $model ]]; then echo "bench $name: skipped, no model at $model (stage train)"; return 0; fi
       rm -f "$RESULTS/$name.json.tmp" "$WORK/gpu/bench-$name.log"
@@ -276,9 +278,14 @@ EOF
       mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
       fairseq-plugins report "$RESULTS/$name.json" $([[ $STAGE == profile ]] && echo --profile)
     }
-    # The graphs stage's capture flags: of a method on the fast step, of the lattice
-    fast_graphs=() lattice_graphs=()
-    if [[ -n ${GRAPHS-} ]]; then fast_graphs=(--fast-step --fast-step-cuda-graphs) lattice_graphs=(--lattice-cuda-graphs); fi
+    # The graphs stage's capture flags (of a method on the fast step, of the lattice) and the JSONs' suffix
+    fast_graphs=() lattice_graphs=() suffix=
+    if [[ -n ${GRAPHS-} ]]; then
+      fast_graphs=(--fast-step --fast-step-cuda-graphs) lattice_graphs=(--lattice-cuda-graphs) suffix=_graphs
+    fi
+    # The graphs stage benches double_token and blockwise on the fast step uncaptured too (the bench stage decodes
+    # them on their models' own decoders): NAME_fast_step.json beside NAME_graphs.json isolates what graphs add
+    uncaptured_fast_step() { [[ -z ${GRAPHS-} ]] || bench_grid "$@" --fast-step; }
     mkdir -p "$WORK/gpu"
     failed=0
     for method in ${BENCH_METHODS:-baseline fast_step double_token lattice blockwise rnn_fc}; do
@@ -287,24 +294,26 @@ EOF
         baseline)  # the stock generator against itself: the device's absolute speed at beam 5
           bench_grid baseline "$BASE/checkpoints/checkpoint_best.pt" --method baseline --beam 5 || failed=1 ;;
         fast_step)
-          bench_grid fast_step "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 "${fast_graphs[@]}" \
-            || failed=1 ;;
+          bench_grid "fast_step$suffix" "$BASE/checkpoints/checkpoint_best.pt" --method fast_step --fast-step --beam 5 \
+            "${fast_graphs[@]}" || failed=1 ;;
         double_token)  # bidir-2 against the single-token l2r-1 system, beam 10 (Table 2)
-          bench_grid double_token "$WORK/double_token/bidir-2/checkpoints/checkpoint_avg.pt" --method double_token \
-            --baseline-path "$WORK/double_token/l2r-1/checkpoints/checkpoint_avg.pt" --beam 10 \
-            --task double_token_translation --token-order bidir --tokens-per-step 2 --max-len-a 1.2 --max-len-b 10 \
-            "${fast_graphs[@]}" \
-            || failed=1 ;;
+          double_token=("$WORK/double_token/bidir-2/checkpoints/checkpoint_avg.pt" --method double_token
+            --baseline-path "$WORK/double_token/l2r-1/checkpoints/checkpoint_avg.pt" --beam 10
+            --task double_token_translation --token-order bidir --tokens-per-step 2 --max-len-a 1.2 --max-len-b 10)
+          uncaptured_fast_step double_token_fast_step "${double_token[@]}" || failed=1
+          bench_grid "double_token$suffix" "${double_token[@]}" "${fast_graphs[@]}" || failed=1 ;;
         lattice)  # distill-1 (K = 32, no repeated trigrams) against the plain baseline at beam 5; the table is
                   # built on the CPU (lattice recipe)
-          bench_grid lattice "$WORK/lattice/distill-1/checkpoints/checkpoint_avg.pt" --method lattice \
+          bench_grid "lattice$suffix" "$WORK/lattice/distill-1/checkpoints/checkpoint_avg.pt" --method lattice \
             --baseline-path "$BASE/checkpoints/checkpoint_best.pt" --baseline-beam 5 --beam 5 \
             --baseline-no-repeat-ngram-size 0 --task lattice_translation \
             --lattice-table "$WORK/lattice/distill/table.pt" --lattice-k 32 --no-repeat-ngram-size 3 \
             "${lattice_graphs[@]}" || failed=1 ;;
         blockwise)  # the self-distilled heads, k = 4, against stock greedy on the same base
-          bench_grid blockwise "$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 \
-            --block-size 4 --block-proposal-vocab "${HEAD_VOCAB:-2000}" "${fast_graphs[@]}" || failed=1 ;;
+          blockwise=("$WORK/blockwise/self/checkpoints/checkpoint_best.pt" --method blockwise --beam 1 --block-size 4
+            --block-proposal-vocab "${HEAD_VOCAB:-2000}")
+          uncaptured_fast_step blockwise_fast_step "${blockwise[@]}" || failed=1
+          bench_grid "blockwise$suffix" "${blockwise[@]}" "${fast_graphs[@]}" || failed=1 ;;
         rnn_fc)  # fp32 (its int8 runs on the CPU only), beam 6, against the stock generator on the same model
           bench_grid rnn_fc "$WORK/rnn_fc/fc4-tanh/checkpoints/checkpoint_avg.pt" --method rnn_fc --beam 6 \
             || failed=1 ;;

@@ -16,6 +16,13 @@ from torch import Tensor, nn
 
 # Eager runs before a capture (CUDA's lazy initialisations, cuBLAS workspaces, must happen outside the graph).
 WARMUP_RUNS = 2
+# Lengths a captured call pads its inputs to are rounded up to a multiple of this: calls of nearby lengths share
+# one graph (a capture costs a synchronisation, a collection of the caches and two warm-up runs).
+LENGTH_BUCKET = 16
+
+
+def length_bucket(length: int) -> int:
+    return -(-max(length, 1) // LENGTH_BUCKET) * LENGTH_BUCKET
 
 
 def capture(fn: Callable, *inputs):
@@ -39,7 +46,7 @@ class CapturedCalls:
     a call copies its inputs into the graph's static ones, replays it and returns its output, valid until the
     next call of that shape."""
 
-    def __init__(self, fn: Callable, max_graphs: int = 64):
+    def __init__(self, fn: Callable, max_graphs: int = 16):
         self.fn = fn
         self.max_graphs = max_graphs
         self.graphs: "OrderedDict[Tuple, Tuple[torch.cuda.CUDAGraph, Tuple[Tensor, ...], object]]" = OrderedDict()

@@ -8,7 +8,7 @@ then kernel launches and Python (issue 57). This step keeps one shape for a whol
 - caches preallocated to the length limit (rows, heads, max_len, head_dim), each row's prefix length a tensor
   (``lengths``), and self-attention over all max_len slots with the slots after a row's prefix masked out;
 - the source's keys and values padded to a length bucket, its padding masked, so that batches of nearby
-  lengths share a shape (``LENGTH_BUCKET``);
+  lengths share a shape (``cuda_graphs.LENGTH_BUCKET``);
 - finished sentences masked rather than removed: when the search drops rows, the step keeps its row count, the
   live rows first, and the dead ones ride along (computed, never returned);
 - no ``.item()``, ``.tolist()``, ``.cpu()`` or Python branching on a tensor's value inside ``group_fn``.
@@ -32,17 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention
-from .cuda_graphs import capture
+from .cuda_graphs import capture, length_bucket
 from .decoder_step import FastDecoderStep
 
-# Cache and source lengths are rounded up to a multiple of this: batches of nearby lengths share one captured step.
-LENGTH_BUCKET = 16
 # The shapes whose buffers (and captured graphs) are kept; the least recently used beyond that is dropped.
 MAX_SHAPES = 4
-
-
-def length_bucket(length: int) -> int:
-    return -(-max(length, 1) // LENGTH_BUCKET) * LENGTH_BUCKET
 
 
 def plain_product(matrix, x: Tensor) -> Tensor:
@@ -207,17 +201,21 @@ class StaticDecoderStep:
         is the host's ``length`` before that call. The host's ``length`` becomes the longest prefix (one read, as
         the engine's keep_block makes; the rows' rejected slots are written over, not kept, so the caches never
         need more than the longest prefix and a block)."""
-        if start != self.call_start or accepted.numel() != self.live:
-            raise ValueError(f"keep_block({start}, {accepted.numel()} counts): the last call started at "
-                             f"{self.call_start}, with {self.live} live rows")
+        fed = self.length - self.call_start
+        if start != self.call_start or accepted.numel() != self.live or not bool(
+                ((accepted >= 0) & (accepted <= fed)).all()):
+            raise ValueError(f"keep_block({start}, {accepted.tolist()}): the last call fed {fed} positions after "
+                             f"{self.call_start}, to {self.live} live rows")
         buffers = self.buffers
         buffers.lengths[:self.live] = buffers.block_start[:self.live] + accepted
         self.length = int(buffers.lengths[:self.live].max())
 
     def truncate(self, length: int) -> None:
-        """Every row's prefix becomes its first ``length`` positions."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate to {length}: the prefix has {self.length} positions")
+        """Every row's prefix becomes its first ``length`` positions (each row must hold them: a row's slots past
+        its prefix are not its own)."""
+        prefixes = self.buffers.lengths[:self.live]
+        if not 0 <= length <= int(prefixes.min()):
+            raise ValueError(f"truncate to {length}: the rows' prefixes hold {prefixes.tolist()} positions")
         self.buffers.lengths.fill_(length)
         self.length = self.call_start = length
 

@@ -14,8 +14,9 @@ Per batch, with |x| the source length and L = round(slope * |x| + intercept) the
                 (--lattice-scorer-precision int8, quantized once, when the generator is built);
   4. Viterbi    the best path of every length L - dL .. L + dL at once, then fairseq's length normalisation.
 With ``cuda_graphs`` (--lattice-cuda-graphs, a model on a CUDA device) the lattice is built first, then the
-encoder and the scoring of every row run as one CUDA graph per shape (source length, lattice positions), captured
-at its first use and replayed after (``kernels.cuda_graphs``): the "scoring" phase then holds the encoder.
+encoder and the scoring of every row run as one CUDA graph per shape (batch size, and the source length and the
+lattice's positions each rounded up to a multiple of 16, the padding masked), captured at its first use and
+replayed after (``kernels.cuda_graphs``): the "scoring" phase then holds the encoder.
 Phase times, decoder calls and the lattice recall of the references (when the batch has them) are kept
 for ``fairseq-plugins bench`` (generation_stats) and logged once at exit.
 """
@@ -25,12 +26,14 @@ import time
 from typing import Dict
 
 import torch
+import torch.nn.functional as F
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from ..common.generation import MethodGenerator
 from ..common.textio import InputError
-from ..kernels.cuda_graphs import CapturedCalls, capturable_encoder_out, encoder_unsupported_reason
+from ..kernels.cuda_graphs import CapturedCalls, capturable_encoder_out, encoder_unsupported_reason, length_bucket
+from ..kernels.decoder_step import parameters_fingerprint
 from ..kernels.int8 import int8_encoder
 from ..kernels.precision import check_precision
 from .ibm2 import CandidateTable, never_candidates
@@ -94,6 +97,7 @@ class LatticeGenerator(MethodGenerator):
         self._dropouts = [module for module in self.scorer.modules() if isinstance(module, FairseqDropout)]
         self.cuda_graphs = cuda_graphs
         self._captured: "CapturedCalls | None" = None
+        self._captured_weights = None  # the model's parameters' fingerprint when its graphs were captured
         if cuda_graphs:
             device = next(self.model.parameters()).device
             for flag, given in (("--lattice-scorer-precision int8", precision == "int8"),
@@ -275,6 +279,23 @@ class LatticeGenerator(MethodGenerator):
         return self._score(self._hoisted.window_features, capturable_encoder_out(self.encoder, src_tokens),
                            lattice_tokens, lattice_valid, skip_impossible=False)
 
+    def _captured_scores(self, src_tokens: Tensor, lattice_tokens: Tensor, lattice_valid: Tensor):
+        """``_encode_and_score`` as a CUDA graph: the source padded on the left and the lattice's positions on the
+        right to their length buckets (the padding masked: a position's scores depend on the positions before it
+        only), the outputs cut back to the lattice's positions. The graphs are captured again once the model's
+        weights change (they read the weights where they were)."""
+        weights = parameters_fingerprint(self.model)
+        if self._captured is None or self._captured_weights != weights:
+            self._captured, self._captured_weights = CapturedCalls(self._encode_and_score), weights
+        source_len, positions = src_tokens.size(1), lattice_tokens.size(1)
+        padded_positions = min(length_bucket(positions), self.scorer.max_positions())
+        src_tokens = F.pad(src_tokens, (length_bucket(source_len) - source_len, 0), value=self.pad)
+        lattice_tokens = F.pad(lattice_tokens, (0, 0, 0, padded_positions - positions), value=self.pad)
+        lattice_valid = F.pad(lattice_valid, (0, 0, 0, padded_positions - positions), value=False)
+        candidate_scores, eos_scores, state_valid = self._captured(src_tokens, lattice_tokens, lattice_valid)
+        self._stats["scored_rows"] += state_valid.numel()
+        return candidate_scores[:, :positions], eos_scores[:, :positions], state_valid[:, :positions]
+
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
         self._begin_generate(prefix_tokens, constraints)
@@ -304,10 +325,8 @@ class LatticeGenerator(MethodGenerator):
             if self._hoisted is None or window_features != self._hoisted.window_features:
                 raise InputError("--lattice-cuda-graphs runs on the hoisted scorer, which dropout kept at inference "
                                  "(--retain-dropout) turns off")
-            if self._captured is None:
-                self._captured = CapturedCalls(self._encode_and_score)
-            candidate_scores, eos_scores, state_valid = self._captured(src_tokens, lattice_tokens, lattice_valid)
-            self._stats["scored_rows"] += batch * state_valid[0].numel()
+            candidate_scores, eos_scores, state_valid = self._captured_scores(src_tokens, lattice_tokens,
+                                                                              lattice_valid)
         else:
             candidate_scores, eos_scores, state_valid = self._score(
                 window_features, encoder_out, lattice_tokens, lattice_valid, skip_impossible=True)
