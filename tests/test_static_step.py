@@ -395,7 +395,8 @@ def test_cuda_graph_flag_gives_the_uncaptured_hypotheses(beam):
 def blockwise_decodings(device, acceptance, **static):
     """Blockwise decoding (all heads) of a random blockwise model on the fast step (``static``: its static-step
     keywords) on ``device``: 6 sentences; exact acceptance with heads that copy p_1's guess (whole blocks
-    accepted), or topk of half the vocabulary (each sentence keeps its own number a call)."""
+    accepted), or topk of half the vocabulary (each sentence keeps its own
+    number a call)."""
     from fairseq_plugins.blockwise.fast_step import FastStepBlockwiseGenerator
     from test_blockwise import HEADS, copying_heads
     from test_blockwise import random_model as random_blockwise_model
@@ -409,23 +410,30 @@ def blockwise_decodings(device, acceptance, **static):
     sample = random_batch(dictionary, bsz=6, seed=3)
     generators = []
 
-    def blockwise(m):
-        generators.append(FastStepBlockwiseGenerator(m, dictionary, HEADS, max_len_b=25, **settings, **static))
-        return generators[-1]
+    widths = set()
 
-    return decode_on(device, blockwise, model, sample), generators[0].generation_stats()
+    def blockwise(m):
+        generator = FastStepBlockwiseGenerator(m, dictionary, HEADS, max_len_b=25, **settings, **static)
+        block_step = generator.steps.block_step
+        generator.steps.block_step = lambda tokens: widths.add(tokens.size(-1)) or block_step(tokens)
+        generators.append(generator)
+        return generator
+
+    hypotheses = decode_on(device, blockwise, model, sample)
+    return hypotheses, {**generators[0].generation_stats(), "block_widths": widths}
 
 
 @pytest.mark.parametrize("acceptance", ["exact", "topk"])
 def test_blockwise_on_the_static_step_gives_the_fast_steps_hypotheses(acceptance):
-    """Blocks verified on the static step (each row's prefix its own length, rows leaving masked): the tokens
-    and scores of blockwise decoding on the engine."""
+    """Blocks verified on the static step (each row's prefix its own length, rows leaving masked; calls of
+    width 1 and of the block): the tokens and scores of blockwise decoding on the engine."""
     got, stats = blockwise_decodings(torch.device("cpu"), acceptance, static_step=True)
     expected, engine_stats = blockwise_decodings(torch.device("cpu"), acceptance)
     assert_same_hypotheses(got, expected)
     assert stats["static_step"] and not engine_stats["static_step"] and not stats["cuda_graphs"]
     assert stats["decoder_invocations"] == engine_stats["decoder_invocations"]
     assert stats["mean_accepted_block_size"] > 1.5  # blocks were accepted, in part or whole
+    assert len(stats["block_widths"]) == 2  # two calls a shape: BOS's and the blocks' (two graphs with CUDA)
 
 
 def double_token_decodings(device, **static):
