@@ -73,7 +73,8 @@ class LatticeTranslationConfig(TranslationConfig):
     )
     lattice_cuda_graphs: bool = field(
         default=False, metadata={"help": "the model on a CUDA device: the encoder and the lattice's scoring as one "
-                                         "CUDA graph per shape (source length, lattice positions), captured at its "
+                                         "CUDA graph per shape (batch size; source length and lattice positions "
+                                         "padded to multiples of 16), captured at its "
                                          "first use and replayed after; the same outputs. float32 or half "
                                          "models, the hoisted scorer. Off by default: its speed is not measured yet"},
     )
