@@ -114,10 +114,10 @@ class FastPairSteps:
     def __init__(self, model, precision: str, static_step: bool = False, cuda_graphs: bool = False):
         self.engine, self.encoder = fast_step_parts(model, precision)
         self.static = StaticDecoderStep(self.engine, cuda_graphs) if static_step or cuda_graphs else None
+        self.decoder_step = self.engine if self.static is None else self.static  # what runs the calls
 
     def start(self, net_input: Dict[str, Tensor], beam: int, max_len: int) -> None:
-        steps = self.engine if self.static is None else self.static
-        steps.start(encode_for_beam(self.encoder, net_input, beam), max_steps=max_len + 4)
+        self.decoder_step.start(encode_for_beam(self.encoder, net_input, beam), max_steps=max_len + 4)
 
     def logits(self, tokens: Tensor) -> Tensor:
         if self.static is not None:
@@ -126,8 +126,7 @@ class FastPairSteps:
         return self.engine.logits(features).view(tokens.size(0), 2, -1)
 
     def reorder(self, rows: Tensor, kept_rows: Optional[Tensor]) -> None:
-        # the step's source keys and values follow the rows
-        (self.engine if self.static is None else self.static).reorder(rows)
+        self.decoder_step.reorder(rows)  # the step's source keys and values follow the rows
 
 
 class DoubleTokenGenerator(MethodGenerator):
