@@ -212,3 +212,27 @@ def test_provenance_skips_comments_and_blank_lines(tmp_path):
     assert report.read_provenance([str(path)]) == ["fairseq-train a b", "fairseq-generate c"]
     with pytest.raises(InputError, match="no-such.txt: no such file"):
         report.read_provenance([str(tmp_path / "no-such.txt")])
+
+
+def test_the_start_up_warning_counts_what_runs_now_not_the_lagging_load_average(monkeypatch, caplog):
+    from fairseq_plugins.bench import harness, measure
+    # An idle machine a few seconds after a training stopped: the load average still says 1.0, the
+    # runnable threads say only this process runs. No warning.
+    monkeypatch.setattr(harness, "usable_cores", lambda: 2)
+    monkeypatch.setattr(measure, "runnable_threads", lambda: 1)
+    monkeypatch.setattr(measure.time, "sleep", lambda seconds: None)
+    assert measure.runnable_beside() == 0
+    with caplog.at_level("WARNING"):
+        harness._warn_if_busy(1, 1.0)
+    assert "exceed" not in caplog.text
+    # A training on each other core beside a 1-thread bench: warned, naming what it counted.
+    monkeypatch.setattr(measure, "runnable_threads", lambda: 3)
+    with caplog.at_level("WARNING"):
+        harness._warn_if_busy(1, 0.0)
+    assert "1 thread(s) + 2 other runnable thread(s) exceed the 2 usable cores" in caplog.text
+    # No /proc/loadavg: the load average decides.
+    caplog.clear()
+    monkeypatch.setattr(measure, "runnable_threads", lambda: None)
+    with caplog.at_level("WARNING"):
+        harness._warn_if_busy(1, 1.5)
+    assert "a load average of 1.50 exceed" in caplog.text

@@ -31,7 +31,7 @@ from ..tools.prepared import PreparedData
 from . import report
 from .ctranslate2_reference import COMPUTE_TYPES
 from .measure import (Decoder, Measurement, PeakMemory, RunnableSampler, alternating_runs, load_average, oversubscribed,
-                      percentile, speed_ratio_figures, usable_cores)
+                      percentile, runnable_beside, speed_ratio_figures, usable_cores)
 from .profile import profile_decoders
 from .provenance import model_hashes
 
@@ -534,6 +534,22 @@ def _time(args, generators: Generators, dataset, ids: List[int], device: torch.d
     return Timings(measurements, latencies, timing, method_stats)
 
 
+def _warn_if_busy(threads: int, load_before: Optional[float]) -> None:
+    """Warn before any work when this run's threads and what runs beside it exceed the cores. Judged on the
+    threads runnable now (the 1-minute load average still counts a training stopped seconds ago); the load
+    average only where the platform does not say. The runs themselves are judged on samples taken during them."""
+    cores = usable_cores()
+    beside = runnable_beside()
+    if beside is not None:
+        if oversubscribed(threads, beside, cores):
+            logger.warning("bench: %d thread(s) + %g other runnable thread(s) exceed the %d usable cores: timings "
+                           "will be noisy (sampled again during the runs: timing.oversubscribed)",
+                           threads, beside, cores)
+    elif oversubscribed(threads, load_before, cores):
+        logger.warning("bench: %d thread(s) + a load average of %.2f exceed the %d usable cores: timings will be "
+                       "noisy (recorded as timing.oversubscribed)", threads, load_before, cores)
+
+
 def run_bench(args, argv):
     _check_bench_args(args)
     load_before = load_average()  # before this process adds its own load
@@ -543,10 +559,8 @@ def run_bench(args, argv):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cpu" and oversubscribed(torch.get_num_threads(), load_before, usable_cores()):
-        logger.warning(
-            "bench: %d thread(s) + a load average of %.2f exceed the %d usable cores: timings will be noisy "
-            "(recorded as timing.oversubscribed)", torch.get_num_threads(), load_before, usable_cores())
+    if device.type == "cpu":
+        _warn_if_busy(torch.get_num_threads(), load_before)
 
     data = PreparedData(args.data)
     prepare_argv = data.manifest.get("command")

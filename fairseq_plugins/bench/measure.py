@@ -198,6 +198,21 @@ class RunnableSampler:
                 "oversubscribed": median > cores}
 
 
+def runnable_beside(samples: int = 5, interval: float = 0.05) -> Optional[float]:
+    """Threads runnable beside this one right now: the median of a few quick samples of ``runnable_threads``
+    less this process's own. Unlike the 1-minute load average it does not still count a training stopped
+    seconds ago. None where the platform does not say."""
+    counts = []
+    for index in range(samples):
+        count = runnable_threads()
+        if count is None:
+            return None
+        counts.append(count - 1)
+        if index + 1 < samples:
+            time.sleep(interval)
+    return max(0.0, statistics.median(counts))
+
+
 def oversubscribed(threads: int, load: Optional[float], cores: int) -> bool:
     """True when this run's threads plus what else was running exceed the cores: the worst noise measured
     here (a 2-thread greedy decode took 121 s against 2.8 s with 1 thread while the other core was busy)."""
