@@ -68,7 +68,7 @@ run STAGES="exact fast devlin" LIMIT=0 LIST=work/rnn_fc/shortlist.pt examples/fa
 run STAGES=fast BEST_VARIANT=self FAST_LIMIT=0 examples/blockwise/run.sh work/baseline work/blockwise
 run TRAIN_ON=distill STAGES="bench fast" BENCH_BATCHES=1 SYSTEMS="l2r-1 l2r-2 r2l-2 bidir-2" \
   examples/double_token/run.sh work/baseline work/double_token_distill
-run MAIN_SYSTEM=fc4-tanh-tenc-ft LIST_TOP=50 LIST_FREQUENT=2000 STAGES="shortlist versus" \
+run MAIN_SYSTEM=fc4-tanh-tenc-ft LIST_TOP=50 LIST_FREQUENT=2000 STAGES="shortlist versus ctranslate2" \
   examples/rnn_fc/run.sh work/baseline work/rnn_fc
 run RESULTS=docs/results/bytenet-cpu MT_SYSTEMS="bytenet-mt-anneal transformer-mt-anneal" LM_SYSTEMS= \
   STAGES="bench summary" examples/bytenet/run.sh "$DATA" "$SHAKESPEARE" work/bytenet

@@ -95,10 +95,16 @@ def main():
         entry["baseline_transformer_sentences_per_s"] = entry.pop("stock_sentences_per_s")
         entry["words_per_s_ratio_to_baseline_transformer"] = entry.pop("words_per_s_ratio_to_stock")
         versus.append(entry)
-    ctranslate2 = []
-    if os.path.exists(os.path.join(args.results, "rnn_fc_ctranslate2.json")):
-        with open(os.path.join(args.results, "rnn_fc_ctranslate2.json"), encoding="utf-8") as f:
-            ctranslate2 = [json.load(f)]  # its own schema (not a bench result: no stock generator in its run)
+    ctranslate2 = []  # the same rows against CTranslate2 int8 on the baseline transformer, in the same runs
+    for r in load(os.path.join(args.results, "rnn_fc_ctranslate2.json")):
+        entry = {"label": r.get("label", r["method"]), "bench_bleu": r["bleu"],
+                 "ctranslate2_bench_bleu": r["ctranslate2"]["bleu"],
+                 "speed_ratio_to_baseline_transformer": report.speed_figures(r),
+                 "speed_ratio_to_ctranslate2": report.reference_ratio(r)}
+        reference = entry["speed_ratio_to_ctranslate2"]
+        reference["speed_ratio_flags"] = report.flag_reasons(reference)
+        reference.pop("timing")  # (the run's: the same as the stock ratio's)
+        ctranslate2.append(entry)
     baseline_stock_bleu = bleu("baseline-stock")
 
     def cumulative(r):
@@ -202,10 +208,15 @@ def main():
     for r in versus:
         lines.append(f"| {r['label']} | {fmt(r['bleu'])} | {report.speed_cell(r)} | {r['words_per_s']} | "
                      f"{r['baseline_transformer_words_per_s']} | {r['words_per_s_ratio_to_baseline_transformer']} |")
-    for r in ctranslate2:
-        lines.append(f"| {r['label']} (own run: no speed ratio) | bench sentences: {r['bleu']} | | "
-                     f"{r['words_per_s']:.1f} | | |")
     lines += report.flag_note_lines([(r["label"], r) for r in versus])
+    if ctranslate2:
+        lines += ["", "## rnn_fc against CTranslate2 int8 on the baseline transformer (same run)", "",
+                  "| row | bench BLEU | CTranslate2 bench BLEU | speed ratio to the transformer (stock) | "
+                  "speed ratio to CTranslate2 int8 |", "|---|---|---|---|---|"]
+        for r in ctranslate2:
+            lines.append(f"| {r['label']} | {fmt(r['bench_bleu'])} | {fmt(r['ctranslate2_bench_bleu'])} | "
+                         f"{report.ratio_cell(r['speed_ratio_to_baseline_transformer'])} | "
+                         f"{report.ratio_cell(r['speed_ratio_to_ctranslate2'])} |")
     lines += ["", "Targets: `" + json.dumps(targets) + "`", "", "Commands:", "", "```"] + result["commands"] + ["```", ""]
     with atomic_output(args.out + ".md") as f:
         f.write("\n".join(lines))
