@@ -859,8 +859,9 @@ def test_the_step_timing_script_times_both_steps_and_writes_its_figures(copy_mod
 
 def test_bench_times_bytenet_against_a_character_transformer_in_one_run(copy_model, tmp_path):
     """The recipe's speed comparison: ByteNet (the method side, cached) against a transformer trained on the same
-    character data (--baseline-path, loaded with its own task) in one process; each side scores exactly as it
-    does benched alone."""
+    character data (--baseline-path, loaded with its own task) and CTranslate2 float32 on that transformer
+    (--reference ctranslate2), in one process; each fairseq side scores exactly as it does benched alone."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is installed by `make install`")
     save_dir = str(tmp_path / "transformer")
     run("fairseq_cli.train", copy_model["bin"], "--task", "translation", "--arch", "transformer",
         "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -870,11 +871,13 @@ def test_bench_times_bytenet_against_a_character_transformer_in_one_run(copy_mod
         "--num-workers", "0", "--cpu", "--no-progress-bar", "--no-epoch-checkpoints", "--save-dir", save_dir,
         env={"OMP_NUM_THREADS": TRAIN_THREADS})
     transformer = os.path.join(save_dir, "checkpoint_last.pt")
+    # The recipe's length limit: without it a weak model runs to fairseq's 200 tokens, where CTranslate2 and
+    # fairseq, summing in other orders, part at some near-tie (1 sentence in 6 here when tried).
     common = ["--data", copy_model["data"], "--threads", 1, "--runs", 1, "--warmup", 0, "--beam", 4, "--lenpen", 0,
-              "--limit", 6, "--no-whole-split-bleu"]
+              "--max-len-a", 1.5, "--max-len-b", 10, "--limit", 6, "--no-whole-split-bleu"]
     together, alone = tmp_path / "versus.json", tmp_path / "alone.json"
     plugins_cli("bench", "--method", "bytenet", "--path", copy_model["checkpoint"], "--baseline-path", transformer,
-                *common, "--json", together)
+                *common, "--reference", "ctranslate2", "--json", together)
     plugins_cli("bench", "--method", "baseline", "--path", transformer, *common, "--json", alone)
     result, transformer_alone = json.loads(together.read_text()), json.loads(alone.read_text())
     assert result["baseline_checkpoint"] == os.path.abspath(transformer)
@@ -885,6 +888,14 @@ def test_bench_times_bytenet_against_a_character_transformer_in_one_run(copy_mod
     # and two models, not one benched twice.
     assert result["bleu_precisions"][0] == 100 and result["hypothesis_length"] == result["reference_length"]
     assert result["stats"]["outputs_identical_to_baseline"] < 1
+    # CTranslate2 converted the character transformer (not ByteNet, which its converter does not take) and decodes
+    # it as the stock generator does, with --lenpen 0 as no normalisation: all 6 sentences the same when this was
+    # written (a float32 near-tie could flip one; more than one means a wrong mapping).
+    reference = result["ctranslate2"]
+    assert reference["checkpoint"] == os.path.abspath(transformer)
+    assert reference["generator"]["options"]["length_penalty"] == 0.0 and reference["generator"]["beam"] == 4
+    assert reference["outputs_identical_to_stock"] >= 5 / 6
+    assert reference["speed_ratio"] == pytest.approx(reference["run_seconds"][0] / result["run_seconds"][0])
 
 
 @pytest.mark.cuda
@@ -1024,6 +1035,20 @@ def test_the_recipe_summary_keeps_the_speed_of_bytenet_against_the_transformer(t
     text = summarize.translation_markdown({"translation": {"bytenet-mt": system}, "speed_against_transformer": speed})
     assert text.endswith(f"Speed, {speed['definition']}: **0.90** (0.88-0.95; runs 0.88, 0.90, 0.95), beam 12, batch 1, "
                          "1 thread(s), 200 sentences, test CPU; ByteNet 2.00 sentences/s, the transformer 2.00.\n")
+    assert speed["ctranslate2"] is None  # benched without --reference ctranslate2
+    # With CTranslate2 on the transformer in the same runs: its ratio (CTranslate2 time / ByteNet time), flagged
+    # for its own spread, and a line of its own under the speed line.
+    reference = {"speed_ratio": 0.5, "speed_ratio_runs": [0.4, 0.5, 0.52], "speed_ratio_min": 0.4,
+                 "speed_ratio_max": 0.52, "speed_ratio_spread": 0.12 / 0.5, "compute_type": "float32",
+                 "version": "4.8.5", "bleu": 19.5, "sentences_per_s": 4.0, "outputs_identical_to_stock": 0.99}
+    path.write_text(json.dumps([{**versus, "ctranslate2": reference}]))
+    speed = summarize.speed_against_transformer(str(path))
+    assert speed["ctranslate2"]["speed_ratio"] == 0.5 and speed["ctranslate2"]["bleu"] == 19.5
+    assert speed["ctranslate2"]["speed_ratio_flags"] and not speed["speed_ratio_flags"]
+    text = summarize.translation_markdown({"translation": {"bytenet-mt": system}, "speed_against_transformer": speed})
+    assert text.endswith("Against CTranslate2 float32 (4.8.5) decoding the transformer in the same runs (CTranslate2 "
+                         "time / ByteNet time): **0.50x (0.40-0.52), spread 24% !**; CTranslate2 4.00 sentences/s, "
+                         "BLEU 19.50, its outputs the transformer's stock ones on 99% of the sentences.\n")
     path.write_text(json.dumps([{**versus, "method": "baseline", "baseline_checkpoint": versus["checkpoint"]}]))
     assert summarize.speed_against_transformer(str(path)) is None
     assert summarize.speed_against_transformer(str(tmp_path / "missing.json")) is None

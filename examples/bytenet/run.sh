@@ -18,8 +18,9 @@
 #   evaluate-lm: bits per character on Tiny Shakespeare valid (fairseq-eval-lm)
 #   bench    : decoding time against output length, cached (stock generator) vs recomputed
 #              (--bytenet-decoding recompute), RESULTS/bytenet_length.json; ByteNet against the character
-#              transformer (--baseline-path) on the test split, both with the stock generator, in one run:
-#              RESULTS/bytenet_speed.json (each system's cool-down where MT_SYSTEMS names it)
+#              transformer (--baseline-path) on the test split, both with the stock generator, and CTranslate2
+#              float32 on the transformer, in one run: RESULTS/bytenet_speed.json (each system's cool-down where
+#              MT_SYSTEMS names it)
 #   saliency : the paper's Fig. 6 for the first test pair, RESULTS/bytenet_saliency.{png,json}
 #   summary  : RESULTS/bytenet.json (BLEU, bits per character, parameters, updates, length scaling)
 #
@@ -333,13 +334,16 @@ if stage bench; then
   # ByteNet against the character transformer on the same test sentences, in one process, alternating batch by
   # batch: both with the stock generator (ByteNet's cached decoding), beam BEAM, one sentence at a time; the
   # speed ratio is transformer time / ByteNet time (BLEU on the timed sentences; evaluate-mt scores the whole split).
+  # CTranslate2 float32 decodes the transformer in the same runs (--reference ctranslate2: what a user converts
+  # the transformer to for speed; its converter does not take ByteNet, so the transformer is its model), with the
+  # same beam, --lenpen 0 (CTranslate2's length_penalty 0: no normalisation either) and length limit.
   # The JSON is written whole once the bench ends (no --append): a failed bench leaves the last one in place.
   if [[ " $MT_SYSTEMS " =~ \ transformer-mt(-anneal)?\  ]]; then
     record fairseq-plugins bench --method bytenet --path "$(final_checkpoint "$(mt_system bytenet-mt)")" \
       --baseline-path "$(final_checkpoint "$(mt_system transformer-mt)")" --data "$WORK/mt-data" --device "$DEVICE" \
       --threads "$THREADS" --batch-size 1 --beam "$BEAM" --lenpen 0 --max-len-a 1.5 --max-len-b 10 \
       --limit "$BENCH_LIMIT" --runs "${BENCH_RUNS:-3}" --label "ByteNet vs the character transformer, beam $BEAM" \
-      --no-whole-split-bleu --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json"
+      --reference ctranslate2 --no-whole-split-bleu --provenance "$COMMANDS" --json "$RESULTS/bytenet_speed.json"
   fi
 fi
 

@@ -75,6 +75,7 @@ def training(log_path: str) -> dict:
 
 
 SIDE_FIGURES = ("bleu", "sentences_per_s", "latency_ms_p50", "hypothesis_length")  # each side's, of a bench
+CTRANSLATE2_FIGURES = ("compute_type", "version", "bleu", "sentences_per_s", "outputs_identical_to_stock")
 
 
 def speed_against_transformer(path: str):
@@ -99,6 +100,11 @@ def speed_against_transformer(path: str):
         "sentences": result["sentences"], "device": result["device"],
         "bytenet": {key: result[key] for key in SIDE_FIGURES},
         "transformer": {key: result["baseline"][key] for key in SIDE_FIGURES},
+        # CTranslate2 on the transformer in the same runs (bench --reference ctranslate2): CTranslate2 time /
+        # ByteNet time, with its compute type and how many of its outputs are the transformer's stock ones
+        "ctranslate2": ({**report.speed_figures(report.reference_ratio(result)),
+                         **{key: result["ctranslate2"][key] for key in CTRANSLATE2_FIGURES}}
+                        if result.get("ctranslate2") else None),
     }
 
 
@@ -297,6 +303,14 @@ def translation_markdown(result: dict) -> str:
                       f"beam {speed['beam']}, batch {speed['batch_size']}, {speed['threads']} thread(s), "
                       f"{speed['sentences']} sentences, {speed['device']}; ByteNet {speed['bytenet']['sentences_per_s']:.2f} "
                       f"sentences/s, the transformer {speed['transformer']['sentences_per_s']:.2f}."]
+        reference = speed.get("ctranslate2")
+        if reference:
+            lines += ["", f"Against CTranslate2 {reference['compute_type']} ({reference['version']}) decoding the "
+                          f"transformer in the same runs (CTranslate2 time / ByteNet time): "
+                          f"**{report.speed_cell(reference)}**; CTranslate2 "
+                          f"{reference['sentences_per_s']:.2f} sentences/s, BLEU {reference['bleu']:.2f}, its outputs "
+                          f"the transformer's stock ones on {100 * reference['outputs_identical_to_stock']:.0f}% of "
+                          "the sentences."]
     return "\n".join(lines) + "\n"
 
 
