@@ -210,3 +210,63 @@ def test_every_generated_block_of_the_repository_is_current():
         with open(os.path.join(REPO, "docs", page), encoding="utf-8") as f:
             text = f.read()
         assert PAGE_BEGIN.format(method=method) in text and PAGE_END.format(method=method) in text, page
+
+
+def _checkpoint(path, weights, wall_seconds):
+    """A fairseq-shaped checkpoint: its weights, and training meters that differ from one training to the next."""
+    import torch
+
+    torch.save({"model": weights, "extra_state": {"metrics": {"wall": wall_seconds}}, "last_optimizer_state": {}},
+               path)
+
+
+def test_a_retrained_checkpoint_with_the_pinned_weights_is_the_same_model(pinned_tree):
+    """A recipe retrained on a new machine writes the same weights in another file (its wall-clock meters
+    differ): check-models tells it from a changed model by the weights' hash, asks for its file hash to be
+    recorded, then counts it as the pinned model, whose figures results measured on it are."""
+    import torch
+
+    from fairseq_plugins.bench.provenance import file_sha256, weights_sha256
+
+    weights = {"encoder.weight": torch.arange(6, dtype=torch.float32).view(2, 3), "version": torch.tensor([3])}
+    first, second = pinned_tree / "first.pt", pinned_tree / "work" / "a" / "checkpoint.pt"
+    _checkpoint(first, weights, 100.0)
+    _checkpoint(second, {name: tensor.clone() for name, tensor in reversed(weights.items())}, 250.5)
+    assert file_sha256(str(first)) != file_sha256(str(second))
+    assert weights_sha256(str(first)) == weights_sha256(str(second))
+    path = pinned_tree / "docs" / "results" / "models.json"
+    models = json.loads(path.read_text())
+    models["models"][0].update(sha256=file_sha256(str(first)), weights_sha256=weights_sha256(str(first)))
+    path.write_text(json.dumps(models))
+
+    proc = plugins_cli("report", "--check-models", "--models", path, cwd=pinned_tree, check=False)
+    assert proc.returncode == 1
+    assert (f"model-a: work/a/checkpoint.pt is retrained with its pin's weights (weights sha256 "
+            f"{weights_sha256(str(first))[:12]}...) in another file (sha256 {file_sha256(str(second))})") in proc.stdout
+    models["models"][0]["retrained"] = [{"sha256": file_sha256(str(second)), "date": "2026-12-01",
+                                         "evidence": "the same weights_sha256"}]
+    path.write_text(json.dumps(models))
+    proc = plugins_cli("report", "--check-models", "--models", path, cwd=pinned_tree)
+    assert "model-a: work/a/checkpoint.pt matches its pin's copy retrained 2026-12-01" in proc.stdout
+    loaded = pinned.load_models(str(path))
+    assert pinned.pinned_hashes(loaded)[file_sha256(str(second))] == "model-a"
+    result = bench_row("a", 2.0, hashes={"checkpoint": file_sha256(str(second)),
+                                         "baseline_checkpoint": file_sha256(str(first))})
+    assert pinned.model_set(result, loaded) == pinned.PINNED
+    assert pinned.model_name(result, "checkpoint", loaded) == "model-a"
+
+    # One weight changed: another model, whatever its meters; the line gives its weights' hash to pin.
+    weights["encoder.weight"][0, 0] = 0.5
+    _checkpoint(second, weights, 250.5)
+    proc = plugins_cli("report", "--check-models", "--models", path, cwd=pinned_tree, check=False)
+    assert proc.returncode == 1 and (f"model-a: work/a/checkpoint.pt changed: sha256 {file_sha256(str(second))} "
+                                     f"(weights sha256 {weights_sha256(str(second))}), models.json pins") in proc.stdout
+
+
+def test_a_retrained_copy_without_its_evidence_is_refused(pinned_tree):
+    path = pinned_tree / "docs" / "results" / "models.json"
+    models = json.loads(path.read_text())
+    models["models"][0]["retrained"] = [{"sha256": sha256(b"copy"), "date": "2026-12-01"}]
+    path.write_text(json.dumps(models))
+    with pytest.raises(pinned.InputError, match="'retrained' must list files of the same weights"):
+        pinned.load_models(str(path))

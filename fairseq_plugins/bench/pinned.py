@@ -7,6 +7,12 @@ model set", and refuses a result whose hashes are recorded but pinned nowhere. `
 the pinned files present on this machine and fails naming each model whose file no longer matches its pin. A model
 ``superseded_by`` another (an earlier model under a path that now holds a retrained, pinned one) keeps the names of
 its figures and is neither hashed nor required.
+
+A checkpoint file holds more than the model (training meters with wall-clock times, the optimiser's state), so a
+recipe retrained on a new machine writes another file even where it writes the same weights. A model's
+``weights_sha256`` is the hash of its weights alone (``provenance.weights_sha256``); a retrained file with those
+weights is the same model, and its file hash goes into the model's ``retrained`` list ({"sha256", "date",
+"evidence"}), so figures measured on either file are that model's.
 """
 
 import os
@@ -14,7 +20,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..common.textio import InputError, read_json
-from .provenance import SHORT_HASH, file_sha256
+from .provenance import SHORT_HASH, file_sha256, weights_sha256
 
 MODELS_FILE = os.path.join("docs", "results", "models.json")
 UNPINNED = "unpinned"
@@ -42,12 +48,26 @@ def load_models(path: str) -> Dict:
             raise InputError(f"{path}: model {model['name']!r} has no sha256 and no sha256_note saying why")
         if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
             raise InputError(f"{path}: model {model['name']!r}: sha256 must be 64 lowercase hex digits or null")
+        weights = model.get("weights_sha256")
+        if weights is not None and not re.fullmatch(r"[0-9a-f]{64}", str(weights)):
+            raise InputError(f"{path}: model {model['name']!r}: weights_sha256 must be 64 lowercase hex digits")
+        retrained = model.get("retrained", [])
+        if not isinstance(retrained, list) or not all(
+                isinstance(copy, dict) and re.fullmatch(r"[0-9a-f]{64}", str(copy.get("sha256")))
+                and copy.get("date") and copy.get("evidence") for copy in retrained):
+            raise InputError(f"{path}: model {model['name']!r}: 'retrained' must list files of the same weights, "
+                             "each {\"sha256\": 64 hex digits, \"date\": ..., \"evidence\": why they are the same}")
     return data
 
 
+def file_hashes(model: Dict) -> List[str]:
+    """The sha256 of every file that holds this model: its pin, then its retrained copies'."""
+    return ([model["sha256"]] if model["sha256"] else []) + [copy["sha256"] for copy in model.get("retrained", [])]
+
+
 def pinned_hashes(models: Dict) -> Dict[str, str]:
-    """sha256 -> model name, for the models whose hash is recorded."""
-    return {model["sha256"]: model["name"] for model in models["models"] if model["sha256"]}
+    """sha256 -> model name, for every file of a model whose hash is recorded (retrained copies included)."""
+    return {digest: model["name"] for model in models["models"] for digest in file_hashes(model)}
 
 
 def work_path(path: Optional[str]) -> Optional[str]:
@@ -150,19 +170,43 @@ def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[Li
             continue
         actual = file_sha256(path)
         if model["sha256"] is None:
-            line = (f"{model['name']}: {model['path']} has sha256 {actual}, but models.json records none "
-                    f"({model.get('sha256_note')})")
+            line = (f"{model['name']}: {model['path']} has sha256 {actual}{_weights_note(path)}, but models.json "
+                    f"records none ({model.get('sha256_note')})")
             if require_all:
                 problems.append(line + ": pin it first")
             lines.append(line)
-        elif actual != model["sha256"]:
-            line = (f"{model['name']}: {model['path']} changed: sha256 {actual}, models.json pins "
-                    f"{model['sha256']}")
+        elif actual == model["sha256"]:
+            unrecorded = "" if model.get("weights_sha256") else _weights_note(path, "; not in models.json yet")
+            lines.append(f"{model['name']}: {model['path']} matches its pin ({actual[:SHORT_HASH]}...){unrecorded}")
+        elif actual in file_hashes(model):
+            (copy,) = [c for c in model["retrained"] if c["sha256"] == actual]
+            lines.append(f"{model['name']}: {model['path']} matches its pin's copy retrained {copy['date']} "
+                         f"({actual[:SHORT_HASH]}...)")
+        elif model.get("weights_sha256") and _weights(path) == model["weights_sha256"]:
+            line = (f"{model['name']}: {model['path']} is retrained with its pin's weights (weights sha256 "
+                    f"{model['weights_sha256'][:SHORT_HASH]}...) in another file (sha256 {actual}): the same model; "
+                    "add that sha256 to its 'retrained' list (with the date), so figures measured on it are its")
             problems.append(line)
             lines.append(line)
         else:
-            lines.append(f"{model['name']}: {model['path']} matches its pin ({actual[:SHORT_HASH]}...)")
+            line = (f"{model['name']}: {model['path']} changed: sha256 {actual}{_weights_note(path)}, models.json "
+                    f"pins {model['sha256']}")
+            problems.append(line)
+            lines.append(line)
     return lines, problems
+
+
+def _weights(path: str) -> Optional[str]:
+    try:
+        return weights_sha256(path)
+    except InputError:
+        return None
+
+
+def _weights_note(path: str, why: str = "") -> str:
+    """`` (weights sha256 ...)`` to pin beside the file's hash; nothing for a file that is no checkpoint."""
+    weights = _weights(path)
+    return f" (weights sha256 {weights}{why})" if weights else ""
 
 
 def run_check_models(models_path: str, root: str, require_all: bool) -> int:

@@ -27,6 +27,41 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+def weights_sha256(path: str) -> str:
+    """The sha256 of a fairseq checkpoint's weights alone (its "model" state dict: each tensor's name, dtype,
+    shape and bytes, in name order). A checkpoint file also stores what the training measured besides the model
+    (wall-clock meters, the optimiser's state, the arguments), so the same recipe retrained on another machine
+    writes another file; when it writes the same weights, this hash says so. InputError for a file that is not
+    such a checkpoint."""
+    stat = os.stat(path)
+    return _weights_sha256_of(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _weights_sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    import torch
+
+    from ..common.textio import InputError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # noqa: BLE001 - whatever torch makes of a file that is no checkpoint
+        raise InputError(f"{path}: not a checkpoint torch can read ({type(error).__name__}: {error})") from None
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise InputError(f"{path}: no 'model' state dict (not a fairseq checkpoint)")
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        value = weights[name]
+        if not torch.is_tensor(value):
+            digest.update(f"{name}\0{value!r}\0".encode())
+            continue
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def hashed(path: str) -> Dict:
     return {"path": os.path.abspath(path), "sha256": file_sha256(path)}
 
