@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import REPO, plugins_cli
+from conftest import REPO, TRAIN_FLAGS, plugins_cli, train_tiny
 from fairseq_plugins.bench import pinned
 from fairseq_plugins.bench.overview import PAGE_BEGIN, PAGE_END, readme_block
 from fairseq_plugins.bench.targets import FLAGGED, MET, NOT_MET, judge
@@ -270,3 +270,14 @@ def test_a_retrained_copy_without_its_evidence_is_refused(pinned_tree):
     path.write_text(json.dumps(models))
     with pytest.raises(pinned.InputError, match="'retrained' must list files of the same weights"):
         pinned.load_models(str(path))
+
+
+def test_the_same_training_twice_writes_other_files_of_the_same_weights(prepared, tmp_path):
+    """What weights_sha256 is for: fairseq-train run twice with the same flags and seed (one thread) writes two
+    checkpoint files that differ (their wall-clock meters) holding the same weights."""
+    from fairseq_plugins.bench.provenance import file_sha256, weights_sha256
+
+    checkpoints = [os.path.join(train_tiny(os.path.join(prepared, "bin"), str(tmp_path / name), TRAIN_FLAGS,
+                                           "--max-update", 12), "checkpoint_last.pt") for name in ("one", "two")]
+    assert file_sha256(checkpoints[0]) != file_sha256(checkpoints[1])
+    assert weights_sha256(checkpoints[0]) == weights_sha256(checkpoints[1])
