@@ -17,7 +17,8 @@
 #                  sequence-level distillation from examples/baseline's model (work dir BASE): it translates
 #                  its training source at beam 5; OUT/tok/train.{$SRC,$TGT} is the distilled pair (pieces),
 #                  OUT/bin its binaries with BASE's dictionaries, valid and test copied from BASE. Skipped
-#                  when OUT/bin is there; uses $USER_DIR and record.
+#                  when OUT/bin is there; uses $USER_DIR and record. Two recipes building the same OUT at once
+#                  take turns (flock on OUT/.lock): the second finds it made.
 #   stopped_by_patience LOG PATIENCE
 #                  true, with a note on stderr, when the fairseq-train log LOG ends in a stop by --patience of at
 #                  least PATIENCE: the recipes do not train that system again
@@ -74,10 +75,17 @@ minutes_as_hours() {  # MINUTES NAME
 }
 
 distill_training_set() {
-  local base=$1 out=$2
+  local base=$1 out=$2 lock
   shift 2
   [[ -f $out/bin/train.$SRC-$TGT.$TGT.bin ]] && return 0
   mkdir -p "$out/tok"
+  # Recipes run side by side (make retrain) may need the same set at once: the second waits for the first to
+  # finish it, then finds it made, instead of both writing the same files (where flock exists: Linux).
+  if command -v flock > /dev/null; then
+    exec {lock}> "$out/.lock"
+    flock "$lock"
+    if [[ -f $out/bin/train.$SRC-$TGT.$TGT.bin ]]; then flock -u "$lock"; return 0; fi
+  fi
   if [[ ! -f $out/generate.train.out ]]; then
     record fairseq-generate "$base/data/bin" --user-dir "$USER_DIR" --path "$base/checkpoints/checkpoint_best.pt" \
       --source-lang "$SRC" --target-lang "$TGT" --gen-subset train --beam 5 --batch-size 128 "$@" \
@@ -96,6 +104,7 @@ distill_training_set() {
     --destdir "$out/bin.tmp" --workers 2
   for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
   rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"
+  if [[ -n ${lock:-} ]]; then flock -u "$lock"; fi
 }
 
 average_last_epochs() {

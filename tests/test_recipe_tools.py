@@ -64,3 +64,35 @@ def test_every_script_sources_it_before_its_first_command(recipe):
     sourced = next(i for i, line in enumerate(lines) if re.match(r'source "?(\$\(dirname "\$0"\)/\.\./|examples/)'
                                                                  r'tools\.sh', line))
     assert all(re.match(r"(set|cd) ", line) for line in lines[:sourced]), lines[:sourced]
+
+
+def test_two_recipes_needing_one_distilled_set_at_once_build_it_once(tmp_path):
+    """examples/common.sh's distill_training_set under two recipes started side by side (make retrain): the second
+    waits for the first and finds the set made, instead of both translating the training set into the same files."""
+    if not shutil.which("flock"):
+        pytest.skip("flock (util-linux) is not on this machine: the recipes then take no lock")
+    stubs, base = tmp_path / "bin", tmp_path / "base"
+    stubs.mkdir()
+    (base / "data" / "bin").mkdir(parents=True)
+    (base / "data" / "tok").mkdir()
+    (base / "data" / "tok" / "train.en").write_text("a b\nc d\n")
+    for split in ("valid", "test"):
+        (base / "data" / "bin" / f"{split}.en-de.en.bin").write_text("")
+    calls = tmp_path / "calls"
+    for name, body in {
+        "fairseq-generate": f'echo generate >> "{calls}"; sleep 1',
+        "fairseq-plugins": f'cat "{base}/data/tok/train.en"',  # detok: one line per training sentence
+        "fairseq-preprocess": 'while (( $# )); do [[ $1 == --destdir ]] && dest=$2; shift; done\n'
+                              'mkdir -p "$dest" && touch "$dest/train.en-de.de.bin"',
+    }.items():
+        (stubs / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    script = (f"set -euo pipefail; source {REPO}/examples/common.sh; COMMANDS={tmp_path}/commands.txt; "
+              f"USER_DIR=x; distill_training_set {base} {tmp_path}/distill --beam 5")
+    env = {"PATH": f"{stubs}:{BARE_PATH}", "HOME": os.environ.get("HOME", "/tmp")}
+    both = [subprocess.Popen(["bash", "-c", script], env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in both:
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert calls.read_text() == "generate\n"
+    assert (tmp_path / "distill" / "bin" / "train.en-de.de.bin").is_file()
+    assert (tmp_path / "distill" / "bin" / "test.en-de.en.bin").is_file()
