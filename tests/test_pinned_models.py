@@ -281,3 +281,95 @@ def test_the_same_training_twice_writes_other_files_of_the_same_weights(prepared
                                            "--max-update", 12), "checkpoint_last.pt") for name in ("one", "two")]
     assert file_sha256(checkpoints[0]) != file_sha256(checkpoints[1])
     assert weights_sha256(checkpoints[0]) == weights_sha256(checkpoints[1])
+
+
+RETRAIN = os.path.join(REPO, "examples", "results", "retrain.py")
+
+
+def retrain(models, *flags, check=True):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, RETRAIN, "--models", str(models), *map(str, flags)], capture_output=True,
+                          text=True, timeout=120)
+    assert not check or proc.returncode == 0, proc.stderr
+    return proc
+
+
+def retrain_plan(tmp_path, jobs, models):
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"test_set": {"sentences": 10}, "retrain": jobs, "models": models}))
+    return path
+
+
+def test_the_repositorys_retrain_plan_trains_every_pinned_model_with_its_recipe():
+    """make retrain's plan: every pinned model that is not superseded is trained by one job whose command is its
+    recipe, each job after the jobs it needs, each command a recipe of examples/."""
+    import runpy
+
+    plan = runpy.run_path(RETRAIN)["load_plan"](os.path.join(REPO, pinned.MODELS_FILE))
+    assert plan[0]["name"] == "baseline" and plan[0]["cores"] == 2
+    for job in plan:
+        script = next(word for word in job["command"].split() if word.startswith("examples/"))
+        assert os.path.isfile(os.path.join(REPO, script)), job["name"]
+        assert "bench" not in job["command"].split("STAGES=")[-1].split(" examples/")[0], job["name"]
+
+
+def test_retrain_runs_each_job_after_its_needs_within_the_cores(tmp_path):
+    """Jobs start as cores free up (counted in each job's cores) and only once the jobs they need have finished;
+    a failed job skips the jobs that need it while the others go on, and the run says so."""
+    events = tmp_path / "events"
+
+    def job(name, cores=1, after=(), fail=False):
+        command = (f'echo "start {name}" >> {events}; sleep 0.3; echo "end {name}" >> {events}'
+                   + ("; exit 3" if fail else ""))
+        return {"name": name, "command": command, "cores": cores, "after": list(after), "trains": [name]}
+
+    jobs = [job("root", cores=2), job("left", after=["root"]), job("right", after=["root"]),
+            job("broken", after=["root"], fail=True), job("after-broken", after=["broken"]),
+            job("last", after=["left", "right"])]
+    models = [model(j["name"], f"work/{j['name']}.pt", None, sha256_note="not recorded: a test",
+                    recipe=j["command"]) for j in jobs]
+    proc = retrain(retrain_plan(tmp_path, jobs, models), "--cores", 2, "--logs", tmp_path / "logs", check=False)
+    assert proc.returncode == 1 and "retrain: 2 job(s) did not finish" in proc.stderr
+    assert "broken: failed (exit 3" in proc.stdout
+    assert "after-broken: skipped, it needs broken, which did not finish" in proc.stdout
+    lines = events.read_text().split("\n")[:-1]
+    assert "start after-broken" not in lines
+    running, widest = {}, 0
+    width = {j["name"]: j["cores"] for j in jobs}
+    for line in lines:
+        what, name = line.split()
+        if what == "start":
+            assert all(f"end {need}" in lines[:lines.index(line)] for need in next(
+                j["after"] for j in jobs if j["name"] == name)), (name, lines)
+            running[name] = width[name]
+            widest = max(widest, sum(running.values()))
+        else:
+            del running[name]
+    assert widest == 2 and lines[:2] == ["start root", "end root"]
+    assert (tmp_path / "logs" / "left.log").read_text().startswith("\n=== ")
+    # Run again, as the next working period does: every job runs again (the recipes skip their finished stages).
+    events.unlink()
+    retrain(retrain_plan(tmp_path, jobs[:3], models[:3]), "--logs", tmp_path / "logs")
+    assert sorted(events.read_text().split("\n")[:-1]) == sorted(f"{w} {n}" for w in ("start", "end")
+                                                                  for n in ("root", "left", "right"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda jobs, models: jobs[1].update(after=["missing"]), "comes after 'missing', which is not a job listed"),
+    (lambda jobs, models: jobs.reverse(), "comes after 'a', which is not a job listed before it"),
+    (lambda jobs, models: jobs[1].update(trains=[]), "pinned model 'b' is trained by no retrain job"),
+    (lambda jobs, models: models[1].update(recipe="other"), "its command is not the recipe of 'b'"),
+    (lambda jobs, models: jobs[0].update(cores=0), "cores must be a whole number >= 1"),
+    (lambda jobs, models: jobs[1].update(trains=["a"], command=jobs[0]["command"]), "'a' is trained by two jobs"),
+])
+def test_a_retrain_plan_that_cannot_train_the_set_is_refused_before_any_job(tmp_path, change, message):
+    jobs = [{"name": name, "command": f"touch {tmp_path}/{name}", "cores": 1, "after": after, "trains": [name]}
+            for name, after in (("a", []), ("b", ["a"]))]
+    models = [model(name, f"work/{name}.pt", None, sha256_note="not recorded: a test", recipe=f"touch {tmp_path}/{name}")
+              for name in ("a", "b")]
+    change(jobs, models)
+    proc = retrain(retrain_plan(tmp_path, jobs, models), "--logs", tmp_path / "logs", check=False)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "logs").exists()

@@ -4,7 +4,7 @@
 #
 # Refuses to start while a pinned model is missing here, its hash is not recorded, or its file differs from its
 # pin (`fairseq-plugins report --check-models --require-all-models`): a new machine first re-trains the set with
-# the recipes (each model's "recipe" in models.json), pins the hashes, then runs this. Refuses a loaded machine
+# make retrain (models.json's plan of the recipes), pins the hashes, then runs this. Refuses a loaded machine
 # too (1-minute load average above MAX_LOAD, 0.5): rows measured beside a training are not comparable with idle
 # ones. Each row comes from its recipe's bench stage with RESULTS=docs/results and the whole test set timed
 # (BENCH_LIMIT=0: every BLEU on the whole split); rows measured by a bench command of their own (no recipe stage)
@@ -22,8 +22,8 @@ SHAKESPEARE=${SHAKESPEARE:-../shared/data/tinyshakespeare}
 MAX_LOAD=${MAX_LOAD:-0.5}
 
 if ! fairseq-plugins report --check-models --require-all-models; then
-  echo "make results: the pinned model set is not all here and pinned (above); re-train the missing models with" \
-       "their recipes (docs/results/models.json), record their sha256, then run it again" >&2
+  echo "make results: the pinned model set is not all here and pinned (above); train the missing models with" \
+       "make retrain (docs/results/models.json's plan), record their sha256, then run it again" >&2
   exit 2
 fi
 load=$(cut -d' ' -f1 /proc/loadavg)

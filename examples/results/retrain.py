@@ -1,0 +1,167 @@
+"""`make retrain`: train the pinned model set (docs/results/models.json) on this machine, the recipes' way.
+
+Checkpoints never leave the machine that trained them, so a new machine trains the set again before `make results`
+can re-measure the README's rows. models.json's "retrain" list is the plan: each job a recipe command (the
+"recipe" of the models it trains), the cores it takes, and the jobs it needs first. This runs the jobs in that
+order as cores free up, CORES (2) at a time counted in the jobs' cores, each with one thread a process
+(OMP_NUM_THREADS=1), logging to LOGS/<job>.log. Every recipe resumes from checkpoint_last.pt and skips its finished
+stages, so running this again (the next working period) goes on where the last one stopped; a finished job
+costs seconds. A job that fails skips the jobs that need it; the others go on.
+
+Usage: python examples/results/retrain.py [--models FILE] [--cores N] [--logs DIR] [--only JOB ...] [--dry-run]
+  (make retrain; in the background: setsid nohup make retrain > work/retrain.log 2>&1 &)
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JOB_KEYS = ("name", "command", "cores", "after", "trains")
+
+
+class PlanError(Exception):
+    pass
+
+
+def load_plan(path: str):
+    """models.json's "retrain" jobs, checked: every key, cores >= 1, "after" naming earlier jobs (so the list
+    order is an order that works), "trains" naming pinned models whose recipe is the job's command, and every
+    model that is neither superseded nor trained elsewhere (``trained_by``) trained by one job."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    jobs, models = data.get("retrain"), {m["name"]: m for m in data.get("models", [])}
+    if not isinstance(jobs, list) or not jobs:
+        raise PlanError(f"{path}: no 'retrain' list (the jobs that train the pinned set)")
+    seen, trained = [], {}
+    for number, job in enumerate(jobs):
+        missing = [key for key in JOB_KEYS if key not in job]
+        if missing:
+            raise PlanError(f"{path}: retrain job {number} lacks {', '.join(missing)}")
+        name = job["name"]
+        if name in seen:
+            raise PlanError(f"{path}: retrain job {name!r} is listed twice")
+        if not isinstance(job["cores"], int) or job["cores"] < 1:
+            raise PlanError(f"{path}: retrain job {name!r}: cores must be a whole number >= 1")
+        for need in job["after"]:
+            if need not in seen:
+                raise PlanError(f"{path}: retrain job {name!r} comes after {need!r}, which is not a job listed "
+                                "before it")
+        for model in job["trains"]:
+            if model not in models:
+                raise PlanError(f"{path}: retrain job {name!r} trains {model!r}, which is not a pinned model")
+            if models[model]["recipe"] != job["command"]:
+                raise PlanError(f"{path}: retrain job {name!r}: its command is not the recipe of {model!r} "
+                                f"({models[model]['recipe']!r})")
+            if model in trained:
+                raise PlanError(f"{path}: {model!r} is trained by two jobs, {trained[model]!r} and {name!r}")
+            trained[model] = name
+        seen.append(name)
+    for model in models.values():
+        if model.get("superseded_by") or model["name"] in trained:
+            continue
+        raise PlanError(f"{path}: pinned model {model['name']!r} is trained by no retrain job (add it to one's "
+                        "'trains', or mark it superseded_by the model that replaced it)")
+    return jobs
+
+
+def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -> int:
+    """Run ``jobs`` in order as their needs finish and cores free up; returns the number that failed or were
+    skipped. A job wider than ``cores`` runs alone."""
+    if not dry_run:
+        os.makedirs(logs, exist_ok=True)
+    waiting, running, done, failed = list(jobs), {}, set(), set()
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def stop_all(signum, _frame):
+        for proc, _ in running.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+        sys.exit(128 + signum)
+
+    if not dry_run:
+        signal.signal(signal.SIGTERM, stop_all)
+        signal.signal(signal.SIGINT, stop_all)
+    while waiting or running:
+        for job in list(waiting):
+            if any(need in failed for need in job["after"]):
+                print(f"retrain: {job['name']}: skipped, it needs "
+                      f"{', '.join(n for n in job['after'] if n in failed)}, which did not finish", flush=True)
+                failed.add(job["name"])
+                waiting.remove(job)
+        busy = sum(job["cores"] for _, job in running.values())
+        for job in list(waiting):
+            if not all(need in done for need in job["after"]):
+                continue
+            if busy and busy + job["cores"] > cores:
+                continue  # wait for cores; a later job that fits may start meanwhile
+            waiting.remove(job)
+            log = os.path.join(logs, f"{job['name']}.log")
+            print(f"retrain: {job['name']}: {job['command']}  ({job['cores']} core(s), log {log})", flush=True)
+            if dry_run:
+                done.add(job["name"])
+                continue
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} retrain: {job['command']}\n")
+                out.flush()
+                proc = subprocess.Popen(["bash", "-c", job["command"]], cwd=REPO, env=environment, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            running[job["name"]] = (proc, job)
+            busy += job["cores"]
+        if dry_run:
+            if waiting and not any(all(n in done for n in job["after"]) for job in waiting):
+                break
+            continue
+        time.sleep(poll_seconds)
+        for name, (proc, job) in list(running.items()):
+            status = proc.poll()
+            if status is None:
+                continue
+            del running[name]
+            if status == 0:
+                done.add(name)
+                print(f"retrain: {name}: finished", flush=True)
+            else:
+                failed.add(name)
+                print(f"retrain: {name}: failed (exit {status}; its log: {os.path.join(logs, name + '.log')})",
+                      flush=True)
+    return len(failed)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=os.path.join(REPO, "docs", "results", "models.json"),
+                        help="the pinned model set with its 'retrain' plan")
+    parser.add_argument("--cores", type=int, default=int(os.environ.get("CORES", 2)),
+                        help="cores to fill with the jobs (CORES, default 2), one thread a process")
+    parser.add_argument("--logs", default=os.path.join(REPO, "work", "retrain"), help="where each job's log goes")
+    parser.add_argument("--only", nargs="+", metavar="JOB",
+                        help="these jobs alone (their needs must have finished in an earlier run)")
+    parser.add_argument("--dry-run", action="store_true", help="print the jobs in the order they would start")
+    args = parser.parse_args(argv)
+    if args.cores < 1:
+        parser.error(f"--cores must be at least 1, got {args.cores}")
+    try:
+        jobs = load_plan(args.models)
+    except (PlanError, OSError, json.JSONDecodeError) as error:
+        print(f"retrain: {error}", file=sys.stderr)
+        return 2
+    if args.only:
+        unknown = sorted(set(args.only) - {job["name"] for job in jobs})
+        if unknown:
+            print(f"retrain: --only {' '.join(unknown)}: no such job (the jobs: "
+                  f"{', '.join(job['name'] for job in jobs)})", file=sys.stderr)
+            return 2
+        jobs = [{**job, "after": []} for job in jobs if job["name"] in args.only]
+    problems = run(jobs, args.cores, args.logs, args.dry_run)
+    if problems:
+        print(f"retrain: {problems} job(s) did not finish (above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
