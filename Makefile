@@ -58,7 +58,7 @@ FAST_ALIGN_ENV := FAST_ALIGN=$(abspath $(FAST_ALIGN_BIN)) ATOOLS=$(abspath $(FAS
 endif
 endif
 
-.PHONY: install test test-fast fast-align demo baseline retrain results gpu-check gpu-dry-run clean help
+.PHONY: install test test-fast fast-align demo baseline retrain retrain-status results gpu-check gpu-dry-run clean help
 help:
 	@echo "make demo    install, then prepare -> train -> generate -> score -> bench every method (DATA=DIR optional)"
 	@echo "make test    install, then run the test suite (TEST_WORKERS=2 processes of one thread; 0: in this one)"
@@ -69,6 +69,7 @@ help:
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 	@echo "make retrain   train the pinned model set here, two one-thread trainings at a time, resuming each (examples/results/retrain.py;"
 	@echo "             in the background: setsid nohup make retrain > work/retrain.log 2>&1 &)"
+	@echo "make retrain-status  each retrain job's state and its log's last line"
 	@echo "make results   re-measure every README row from the pinned models (docs/results/models.json) on an idle"
 	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
 	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench|profile  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
@@ -126,6 +127,9 @@ baseline: install
 # work/retrain/. Hours to days on 2 cores: start it in the background (setsid nohup make retrain > work/retrain.log 2>&1 &).
 retrain: install
 	$(BIN)/python examples/results/retrain.py $(if $(CORES),--cores $(CORES))
+
+retrain-status: install
+	@$(BIN)/python examples/results/retrain.py --status
 
 # Every README row again from the pinned model set; refuses to start unless every pinned model is here with its
 # recorded hash, and on a loaded machine.

@@ -321,7 +321,7 @@ def test_retrain_runs_each_job_after_its_needs_within_the_cores(tmp_path):
     events = tmp_path / "events"
 
     def job(name, cores=1, after=(), fail=False):
-        command = (f'echo "start {name}" >> {events}; sleep 0.3; echo "end {name}" >> {events}'
+        command = (f'echo "start {name}" >> {events}; sleep 0.3; echo "end {name}" >> {events}; echo "{name} said"'
                    + ("; exit 3" if fail else ""))
         return {"name": name, "command": command, "cores": cores, "after": list(after), "trains": [name]}
 
@@ -349,6 +349,9 @@ def test_retrain_runs_each_job_after_its_needs_within_the_cores(tmp_path):
             del running[name]
     assert widest == 2 and lines[:2] == ["start root", "end root"]
     assert (tmp_path / "logs" / "left.log").read_text().startswith("\n=== ")
+    status = retrain(retrain_plan(tmp_path, jobs, models), "--status", "--logs", tmp_path / "logs").stdout
+    assert "root: finished 20" in status and "broken: failed (exit 3) 20" in status
+    assert "after-broken: skipped 20" in status and "left: finished 20" in status and "  left said" in status
     # Run again, as the next working period does: every job runs again (the recipes skip their finished stages).
     events.unlink()
     retrain(retrain_plan(tmp_path, jobs[:3], models[:3]), "--logs", tmp_path / "logs")

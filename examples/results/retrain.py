@@ -8,7 +8,11 @@ order as cores free up, CORES (2) at a time counted in the jobs' cores, each wit
 stages, so running this again (the next working period) goes on where the last one stopped; a finished job
 costs seconds. A job that fails skips the jobs that need it; the others go on.
 
+Each job's state (running, finished, failed, skipped, with its times) is kept in LOGS/state.json as it changes;
+--status prints it with each log's last line, without starting anything.
+
 Usage: python examples/results/retrain.py [--models FILE] [--cores N] [--logs DIR] [--only JOB ...] [--dry-run]
+                                          [--status]
   (make retrain; in the background: setsid nohup make retrain > work/retrain.log 2>&1 &)
 """
 
@@ -69,17 +73,67 @@ def load_plan(path: str):
     return jobs
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _read_state(logs: str) -> dict:
+    path = os.path.join(logs, "state.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_state(logs: str, state: dict) -> None:
+    path = os.path.join(logs, "state.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def _last_line(path: str) -> str:
+    if not os.path.isfile(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - 4096))
+        lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+def print_status(jobs, logs: str) -> None:
+    """Each job's last recorded state and its log's last line."""
+    state = _read_state(logs)
+    for job in jobs:
+        entry = state.get(job["name"], {})
+        status = entry.get("status", "not started")
+        when = entry.get("ended") or entry.get("started") or ""
+        print(f"{job['name']}: {status}{' ' + when if when else ''}")
+        last = _last_line(os.path.join(logs, f"{job['name']}.log"))
+        if last:
+            print(f"  {last}")
+
+
 def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -> int:
     """Run ``jobs`` in order as their needs finish and cores free up; returns the number that failed or were
     skipped. A job wider than ``cores`` runs alone."""
     if not dry_run:
         os.makedirs(logs, exist_ok=True)
     waiting, running, done, failed = list(jobs), {}, set(), set()
+    state = {} if dry_run else _read_state(logs)
+
+    def record(name, **entry):
+        if not dry_run:
+            state[name] = {**state.get(name, {}), **entry}
+            _write_state(logs, state)
+
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     def stop_all(signum, _frame):
-        for proc, _ in running.values():
+        for name, (proc, _) in running.items():
             os.killpg(proc.pid, signal.SIGTERM)
+            record(name, status="stopped (resumes when run again)", ended=_now())
         sys.exit(128 + signum)
 
     if not dry_run:
@@ -90,6 +144,7 @@ def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -
             if any(need in failed for need in job["after"]):
                 print(f"retrain: {job['name']}: skipped, it needs "
                       f"{', '.join(n for n in job['after'] if n in failed)}, which did not finish", flush=True)
+                record(job["name"], status="skipped", ended=_now())
                 failed.add(job["name"])
                 waiting.remove(job)
         busy = sum(job["cores"] for _, job in running.values())
@@ -105,11 +160,12 @@ def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -
                 done.add(job["name"])
                 continue
             with open(log, "a", encoding="utf-8") as out:
-                out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} retrain: {job['command']}\n")
+                out.write(f"\n=== {_now()} retrain: {job['command']}\n")
                 out.flush()
                 proc = subprocess.Popen(["bash", "-c", job["command"]], cwd=REPO, env=environment, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
             running[job["name"]] = (proc, job)
+            record(job["name"], status="running", started=_now(), ended=None)
             busy += job["cores"]
         if dry_run:
             if waiting and not any(all(n in done for n in job["after"]) for job in waiting):
@@ -123,9 +179,11 @@ def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -
             del running[name]
             if status == 0:
                 done.add(name)
+                record(name, status="finished", ended=_now())
                 print(f"retrain: {name}: finished", flush=True)
             else:
                 failed.add(name)
+                record(name, status=f"failed (exit {status})", ended=_now())
                 print(f"retrain: {name}: failed (exit {status}; its log: {os.path.join(logs, name + '.log')})",
                       flush=True)
     return len(failed)
@@ -140,7 +198,10 @@ def main(argv=None) -> int:
     parser.add_argument("--logs", default=os.path.join(REPO, "work", "retrain"), help="where each job's log goes")
     parser.add_argument("--only", nargs="+", metavar="JOB",
                         help="these jobs alone (their needs must have finished in an earlier run)")
-    parser.add_argument("--dry-run", action="store_true", help="print the jobs in the order they would start")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the jobs, each after the jobs it needs, and start none")
+    parser.add_argument("--status", action="store_true",
+                        help="print each job's state and its log's last line, and start none")
     args = parser.parse_args(argv)
     if args.cores < 1:
         parser.error(f"--cores must be at least 1, got {args.cores}")
@@ -149,6 +210,9 @@ def main(argv=None) -> int:
     except (PlanError, OSError, json.JSONDecodeError) as error:
         print(f"retrain: {error}", file=sys.stderr)
         return 2
+    if args.status:
+        print_status(jobs, args.logs)
+        return 0
     if args.only:
         unknown = sorted(set(args.only) - {job["name"] for job in jobs})
         if unknown:
