@@ -68,7 +68,7 @@ help:
 	@echo "             FAIRSEQ_FROM_SOURCE=1: fairseq compiled from $(FAIRSEQ_SOURCE), where its wheel is missing)"
 	@echo "make baseline  the full baseline recipe (examples/baseline/run.sh, ~80 min on 2 CPU cores)"
 	@echo "make retrain   train the pinned model set here, two one-thread trainings at a time, resuming each (examples/results/retrain.py;"
-	@echo "             in the background: setsid nohup make retrain > work/retrain.log 2>&1 &)"
+	@echo "             in the background: mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &)"
 	@echo "make retrain-status  each retrain job's state and its log's last line"
 	@echo "make results   re-measure every README row from the pinned models (docs/results/models.json) on an idle"
 	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
@@ -124,12 +124,13 @@ baseline: install
 
 # The pinned model set trained on this machine (a new machine has none): docs/results/models.json's "retrain" plan,
 # CORES (2) one-thread trainings at a time in the order the plan gives, each resuming where it stopped, logs in
-# work/retrain/. Hours to days on 2 cores: start it in the background (setsid nohup make retrain > work/retrain.log 2>&1 &).
+# work/retrain/. Hours to days on 2 cores: start it in the background (mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &).
 retrain: install
 	$(BIN)/python examples/results/retrain.py $(if $(CORES),--cores $(CORES))
 
-retrain-status: install
-	@$(BIN)/python examples/results/retrain.py --status
+# (no install: the status reads files with the standard library, and must not reinstall beside the trainings)
+retrain-status:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) examples/results/retrain.py --status
 
 # Every README row again from the pinned model set; refuses to start unless every pinned model is here with its
 # recorded hash, and on a loaded machine.

@@ -84,7 +84,7 @@ distill_training_set() {
   if command -v flock > /dev/null; then
     exec {lock}> "$out/.lock"
     flock "$lock"
-    if [[ -f $out/bin/train.$SRC-$TGT.$TGT.bin ]]; then flock -u "$lock"; return 0; fi
+    if [[ -f $out/bin/train.$SRC-$TGT.$TGT.bin ]]; then exec {lock}>&-; return 0; fi
   fi
   if [[ ! -f $out/generate.train.out ]]; then
     record fairseq-generate "$base/data/bin" --user-dir "$USER_DIR" --path "$base/checkpoints/checkpoint_best.pt" \
@@ -104,7 +104,7 @@ distill_training_set() {
     --destdir "$out/bin.tmp" --workers 2
   for f in "$base"/data/bin/valid.* "$base"/data/bin/test.*; do cp "$f" "$out/bin.tmp/"; done
   rm -rf "$out/bin" && mv "$out/bin.tmp" "$out/bin"
-  if [[ -n ${lock:-} ]]; then flock -u "$lock"; fi
+  if [[ -n ${lock:-} ]]; then exec {lock}>&-; fi  # closing the lock's only descriptor releases it
 }
 
 average_last_epochs() {

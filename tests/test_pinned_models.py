@@ -308,10 +308,15 @@ def test_the_repositorys_retrain_plan_trains_every_pinned_model_with_its_recipe(
     import runpy
 
     plan = runpy.run_path(RETRAIN)["load_plan"](os.path.join(REPO, pinned.MODELS_FILE))
+    models = {m["name"]: m for m in pinned.load_models(os.path.join(REPO, pinned.MODELS_FILE))["models"]}
     assert plan[0]["name"] == "baseline" and plan[0]["cores"] == 2
     for job in plan:
         script = next(word for word in job["command"].split() if word.startswith("examples/"))
         assert os.path.isfile(os.path.join(REPO, script)), job["name"]
+        work = job["command"].split()[-1]  # every recipe's last argument is its work dir
+        assert all(models[name]["path"].startswith(work + "/") for name in job["trains"]), job["name"]
+        # one thread a process, or as many cores as the job takes (RANKS, TOGETHER)
+        assert job["cores"] == 2 or "THREADS=" not in job["command"] or "THREADS=1 " in job["command"], job["name"]
         assert "bench" not in job["command"].split("STAGES=")[-1].split(" examples/")[0], job["name"]
 
 
@@ -376,3 +381,75 @@ def test_a_retrain_plan_that_cannot_train_the_set_is_refused_before_any_job(tmp_
     proc = retrain(retrain_plan(tmp_path, jobs, models), "--logs", tmp_path / "logs", check=False)
     assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "logs").exists()
+
+
+def _chain(tmp_path):
+    """Jobs a -> b (b needs a), each writing its start and end to tmp_path/events."""
+    events = tmp_path / "events"
+    jobs = [{"name": name, "command": f'echo "start {name}" >> {events}; sleep 0.3; echo "end {name}" >> {events}',
+             "cores": 1, "after": after, "trains": [name]} for name, after in (("a", []), ("b", ["a"]))]
+    models = [model(j["name"], f"work/{j['name']}.pt", None, sha256_note="not recorded: a test",
+                    recipe=j["command"]) for j in jobs]
+    return retrain_plan(tmp_path, jobs, models), events
+
+
+def test_retrain_only_keeps_the_order_among_its_jobs_and_needs_the_others_finished(tmp_path):
+    plan, events = _chain(tmp_path)
+    retrain(plan, "--only", "a", "b", "--logs", tmp_path / "logs")
+    assert events.read_text().split("\n")[:-1] == ["start a", "end a", "start b", "end b"]
+    events.unlink()
+    retrain(plan, "--only", "b", "--logs", tmp_path / "logs")  # a finished in the run before
+    assert events.read_text() == "start b\nend b\n"
+    proc = retrain(plan, "--only", "b", "--logs", tmp_path / "other-logs", check=False)
+    assert proc.returncode == 1 and "b: skipped, it needs a (not run here; not finished in an earlier run)" in proc.stdout
+
+
+def test_retrain_refuses_to_start_beside_trainings_an_earlier_run_left_running(tmp_path):
+    """A retrain killed outright (SIGKILL) leaves its trainings running: the next run refuses to start a second
+    copy of them, and once they are gone reads them as interrupted."""
+    import subprocess
+
+    plan, events = _chain(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    left = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (logs / "state.json").write_text(json.dumps({"a": {"status": "running", "pgid": left.pid,
+                                                           "started": "2026-12-01 10:00:00"}}))
+        proc = retrain(plan, "--logs", logs, check=False)
+        assert proc.returncode == 2 and f"a still running from an earlier retrain (process groups {left.pid})" \
+            in proc.stderr and not events.exists()
+        assert "a: running 2026-12-01 10:00:00" in retrain(plan, "--status", "--logs", logs).stdout
+    finally:
+        left.kill()
+        left.wait()
+    assert "a: interrupted (resumes when run again)" in retrain(plan, "--status", "--logs", logs).stdout
+    retrain(plan, "--logs", logs)
+    assert events.read_text().split("\n")[:-1] == ["start a", "end a", "start b", "end b"]
+
+
+def test_a_stopped_retrain_stops_its_trainings_and_records_them(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    events = tmp_path / "events"
+    jobs = [{"name": "long", "command": f'echo start >> {events}; sleep 60; echo end >> {events}', "cores": 1,
+             "after": [], "trains": ["long"]}]
+    plan = retrain_plan(tmp_path, jobs, [model("long", "work/long.pt", None, sha256_note="not recorded: a test",
+                                               recipe=jobs[0]["command"])])
+    proc = subprocess.Popen([sys.executable, RETRAIN, "--models", str(plan), "--logs", str(tmp_path / "logs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        if events.exists():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped by signal" in stderr
+    state = json.loads((tmp_path / "logs" / "state.json").read_text())["long"]
+    assert state["status"] == "stopped (resumes when run again)"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(state["pgid"], 0)
+    assert events.read_text() == "start\n"

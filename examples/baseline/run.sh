@@ -69,12 +69,16 @@ fi
 
 if stage evaluate; then
   # Plain fairseq-generate + sacrebleu, the way a user would score it.
+  # Decoded again only when the checkpoint is newer than the hypotheses (a re-run of a finished recipe scores them).
   for beam in 5 1; do
-    record fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$CKPT" \
-      --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam "$beam" --batch-size 64 \
-      > "$WORK/generate.beam$beam.out"
-    fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/generate.beam$beam.out" \
-      > "$WORK/hyp.beam$beam.$TGT"
+    if [[ ! $WORK/hyp.beam$beam.$TGT -nt $CKPT ]]; then
+      record fairseq-generate "$WORK/data/bin" --user-dir "$USER_DIR" --path "$CKPT" \
+        --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --beam "$beam" --batch-size 64 \
+        > "$WORK/generate.beam$beam.out"
+      fairseq-plugins detok "$WORK/data" --from-generate --input "$WORK/generate.beam$beam.out" \
+        > "$WORK/hyp.beam$beam.$TGT.tmp"
+      mv "$WORK/hyp.beam$beam.$TGT.tmp" "$WORK/hyp.beam$beam.$TGT"
+    fi
     echo "beam $beam: $(sacrebleu "$WORK/data/raw/test.$TGT" -i "$WORK/hyp.beam$beam.$TGT" -b)"
   done
 fi

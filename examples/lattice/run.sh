@@ -89,9 +89,11 @@ if stage distill; then
   OMP_NUM_THREADS=${THREADS:-2} distill_beam5 "$BASE"
 fi
 
+# The alignment and the table are made once (the table is a pinned task file: a re-run must not rewrite it).
 if stage align; then
   for c in $(corpora); do
     mkdir -p "$WORK/$c"
+    [[ -f $WORK/$c/train.align ]] && continue
     record fairseq-plugins align --backend "${ALIGN_BACKEND:-systran}" --source "$(tok_dir "$c")/train.$SRC" \
       --target "$(tok_dir "$c")/train.$TGT" --output "$WORK/$c/train.align"
   done
@@ -99,6 +101,7 @@ fi
 
 if stage table; then
   for c in $(corpora); do
+    [[ -f $(table "$c") && -f $RESULTS/lattice_recall_$c.json ]] && continue
     record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s "$SRC" -t "$TGT" --split train \
       --alignment "$WORK/$c/train.align" --output "$(table "$c")"
     record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" \

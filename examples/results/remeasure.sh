@@ -70,7 +70,7 @@ run STAGES=fast BEST_VARIANT=self FAST_LIMIT=0 examples/blockwise/run.sh work/ba
 # the same runs (the paper's comparison with a single-token system of its own, docs/double_token.md, needs the
 # l2r-1 system trained too: SYSTEMS="l2r-1 bidir-2" STAGES="train average fast" of the same recipe)
 run TRAIN_ON=distill STAGES=ctranslate2 SYSTEMS=bidir-2 \
-  examples/double_token/run.sh work/baseline work/double_token_distill
+  examples/double_token/run.sh work/baseline work/double_token_cpu
 run MAIN_SYSTEM=fc4-tanh-tenc-ft LIST_TOP=50 LIST_FREQUENT=2000 STAGES="shortlist versus ctranslate2" \
   examples/rnn_fc/run.sh work/baseline work/rnn_fc
 run RESULTS=docs/results/bytenet-cpu MT_SYSTEMS="bytenet-mt-anneal transformer-mt-anneal" LM_SYSTEMS= \

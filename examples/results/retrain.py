@@ -2,40 +2,50 @@
 
 Checkpoints never leave the machine that trained them, so a new machine trains the set again before `make results`
 can re-measure the README's rows. models.json's "retrain" list is the plan: each job a recipe command (the
-"recipe" of the models it trains), the cores it takes, and the jobs it needs first. This runs the jobs in that
-order as cores free up, CORES (2) at a time counted in the jobs' cores, each with one thread a process
-(OMP_NUM_THREADS=1), logging to LOGS/<job>.log. Every recipe resumes from checkpoint_last.pt and skips its finished
-stages, so running this again (the next working period) goes on where the last one stopped; a finished job
-costs seconds. A job that fails skips the jobs that need it; the others go on.
+"recipe" of the models it trains), the cores it takes, and the jobs it needs first. A job starts once the jobs it
+needs have finished and its cores are free, CORES (2) in all counted in the jobs' cores, each process with one
+thread (OMP_NUM_THREADS=1), logging to LOGS/<job>.log; a free core goes to the first waiting job in the plan that
+fits, so a job of two cores waits until both are free while later one-core jobs fill a single free one. Every
+recipe resumes from checkpoint_last.pt and skips its finished stages, so running this again (the next working
+period) goes on where the last run stopped. A job that fails skips the jobs that need it; the others go on.
 
-Each job's state (running, finished, failed, skipped, with its times) is kept in LOGS/state.json as it changes;
---status prints it with each log's last line, without starting anything.
+One run at a time: a second refuses to start while the first (or a training it started) is alive. Each job's
+state (running with its process group, finished, failed, skipped, stopped, with its times) is kept in
+LOGS/state.json as it changes; a job recorded as running whose processes are gone reads as interrupted.
+--status prints the states with each log's last line, starting nothing.
 
 Usage: python examples/results/retrain.py [--models FILE] [--cores N] [--logs DIR] [--only JOB ...] [--dry-run]
                                           [--status]
-  (make retrain; in the background: setsid nohup make retrain > work/retrain.log 2>&1 &)
+  (make retrain; in the background: mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &)
 """
 
 import argparse
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB_KEYS = ("name", "command", "cores", "after", "trains")
+FINISHED = "finished"
 
 
 class PlanError(Exception):
     pass
 
 
+class Stopped(Exception):
+    """A signal asked this run to stop: its trainings are stopped too, and resume when it runs again."""
+
+
 def load_plan(path: str):
     """models.json's "retrain" jobs, checked: every key, cores >= 1, "after" naming earlier jobs (so the list
     order is an order that works), "trains" naming pinned models whose recipe is the job's command, and every
-    model that is neither superseded nor trained elsewhere (``trained_by``) trained by one job."""
+    model that is not superseded trained by exactly one job."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     jobs, models = data.get("retrain"), {m["name"]: m for m in data.get("models", [])}
@@ -51,6 +61,9 @@ def load_plan(path: str):
             raise PlanError(f"{path}: retrain job {name!r} is listed twice")
         if not isinstance(job["cores"], int) or job["cores"] < 1:
             raise PlanError(f"{path}: retrain job {name!r}: cores must be a whole number >= 1")
+        for key in ("after", "trains"):
+            if not isinstance(job[key], list):
+                raise PlanError(f"{path}: retrain job {name!r}: {key} must be a list of names")
         for need in job["after"]:
             if need not in seen:
                 raise PlanError(f"{path}: retrain job {name!r} comes after {need!r}, which is not a job listed "
@@ -77,20 +90,37 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _read_state(logs: str) -> dict:
+def _group_alive(pgid) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_state(logs: str) -> dict:
+    """state.json, with a job recorded as running whose process group is gone read as interrupted."""
     path = os.path.join(logs, "state.json")
     if not os.path.isfile(path):
         return {}
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        state = json.load(f)
+    for entry in state.values():
+        if entry.get("status") == "running" and not _group_alive(entry.get("pgid")):
+            entry["status"] = "interrupted (resumes when run again)"
+    return state
 
 
 def _write_state(logs: str, state: dict) -> None:
-    path = os.path.join(logs, "state.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    handle, aside = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=logs)
+    with os.fdopen(handle, "w", encoding="utf-8") as f:
         json.dump(state, f, indent=2)
         f.write("\n")
-    os.replace(path + ".tmp", path)
+    os.replace(aside, os.path.join(logs, "state.json"))
 
 
 def _last_line(path: str) -> str:
@@ -104,24 +134,27 @@ def _last_line(path: str) -> str:
 
 def print_status(jobs, logs: str) -> None:
     """Each job's last recorded state and its log's last line."""
-    state = _read_state(logs)
+    state = read_state(logs)
     for job in jobs:
         entry = state.get(job["name"], {})
-        status = entry.get("status", "not started")
         when = entry.get("ended") or entry.get("started") or ""
-        print(f"{job['name']}: {status}{' ' + when if when else ''}")
+        print(f"{job['name']}: {entry.get('status', 'not started')}{' ' + when if when else ''}")
         last = _last_line(os.path.join(logs, f"{job['name']}.log"))
         if last:
             print(f"  {last}")
 
 
+def _stop(signum, _frame):
+    raise Stopped(signum)
+
+
 def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -> int:
-    """Run ``jobs`` in order as their needs finish and cores free up; returns the number that failed or were
-    skipped. A job wider than ``cores`` runs alone."""
-    if not dry_run:
-        os.makedirs(logs, exist_ok=True)
-    waiting, running, done, failed = list(jobs), {}, set(), set()
-    state = {} if dry_run else _read_state(logs)
+    """Run ``jobs`` as their needs finish and cores free up; returns how many failed or were skipped. A job wider
+    than ``cores`` runs alone. A need that is not among ``jobs`` must have finished in an earlier run."""
+    names = {job["name"] for job in jobs}
+    state = {} if dry_run else read_state(logs)
+    waiting, running, failed = list(jobs), {}, set()
+    done = {name for name, entry in state.items() if entry.get("status") == FINISHED and name not in names}
 
     def record(name, **entry):
         if not dry_run:
@@ -129,63 +162,66 @@ def run(jobs, cores: int, logs: str, dry_run: bool, poll_seconds: float = 2.0) -
             _write_state(logs, state)
 
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-    def stop_all(signum, _frame):
-        for name, (proc, _) in running.items():
-            os.killpg(proc.pid, signal.SIGTERM)
-            record(name, status="stopped (resumes when run again)", ended=_now())
-        sys.exit(128 + signum)
-
-    if not dry_run:
-        signal.signal(signal.SIGTERM, stop_all)
-        signal.signal(signal.SIGINT, stop_all)
-    while waiting or running:
-        for job in list(waiting):
-            if any(need in failed for need in job["after"]):
-                print(f"retrain: {job['name']}: skipped, it needs "
-                      f"{', '.join(n for n in job['after'] if n in failed)}, which did not finish", flush=True)
-                record(job["name"], status="skipped", ended=_now())
-                failed.add(job["name"])
+    try:
+        while waiting or running:
+            for job in list(waiting):
+                unmet = [n for n in job["after"] if n in failed or (n not in names and n not in done)]
+                if unmet:
+                    why = ", ".join(n if n in names else f"{n} (not run here; not finished in an earlier run)"
+                                    for n in unmet)
+                    print(f"retrain: {job['name']}: skipped, it needs {why}, which did not finish", flush=True)
+                    record(job["name"], status="skipped", ended=_now())
+                    failed.add(job["name"])
+                    waiting.remove(job)
+            busy = sum(job["cores"] for _, job in running.values())
+            for job in list(waiting):
+                if not all(need in done for need in job["after"]):
+                    continue
+                if busy and busy + job["cores"] > cores:
+                    continue  # too wide for the free cores: a later job that fits them starts meanwhile
                 waiting.remove(job)
-        busy = sum(job["cores"] for _, job in running.values())
-        for job in list(waiting):
-            if not all(need in done for need in job["after"]):
-                continue
-            if busy and busy + job["cores"] > cores:
-                continue  # wait for cores; a later job that fits may start meanwhile
-            waiting.remove(job)
-            log = os.path.join(logs, f"{job['name']}.log")
-            print(f"retrain: {job['name']}: {job['command']}  ({job['cores']} core(s), log {log})", flush=True)
+                log = os.path.join(logs, f"{job['name']}.log")
+                print(f"retrain: {job['name']}: {job['command']}  ({job['cores']} core(s), log {log})", flush=True)
+                if dry_run:
+                    done.add(job["name"])
+                    continue
+                with open(log, "a", encoding="utf-8") as out:
+                    out.write(f"\n=== {_now()} retrain: {job['command']}\n")
+                    out.flush()
+                    proc = subprocess.Popen(["bash", "-c", job["command"]], cwd=REPO, env=environment, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+                running[job["name"]] = (proc, job)
+                record(job["name"], status="running", pgid=proc.pid, started=_now(), ended=None)
+                busy += job["cores"]
             if dry_run:
-                done.add(job["name"])
                 continue
-            with open(log, "a", encoding="utf-8") as out:
-                out.write(f"\n=== {_now()} retrain: {job['command']}\n")
-                out.flush()
-                proc = subprocess.Popen(["bash", "-c", job["command"]], cwd=REPO, env=environment, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-            running[job["name"]] = (proc, job)
-            record(job["name"], status="running", started=_now(), ended=None)
-            busy += job["cores"]
-        if dry_run:
-            if waiting and not any(all(n in done for n in job["after"]) for job in waiting):
-                break
-            continue
-        time.sleep(poll_seconds)
-        for name, (proc, job) in list(running.items()):
-            status = proc.poll()
-            if status is None:
-                continue
-            del running[name]
-            if status == 0:
-                done.add(name)
-                record(name, status="finished", ended=_now())
-                print(f"retrain: {name}: finished", flush=True)
-            else:
-                failed.add(name)
-                record(name, status=f"failed (exit {status})", ended=_now())
-                print(f"retrain: {name}: failed (exit {status}; its log: {os.path.join(logs, name + '.log')})",
-                      flush=True)
+            time.sleep(poll_seconds)
+            for name, (proc, job) in list(running.items()):
+                status = proc.poll()
+                if status is None:
+                    continue
+                del running[name]
+                if status == 0:
+                    done.add(name)
+                    record(name, status=FINISHED, ended=_now())
+                    print(f"retrain: {name}: finished", flush=True)
+                else:
+                    failed.add(name)
+                    record(name, status=f"failed (exit {status})", ended=_now())
+                    print(f"retrain: {name}: failed (exit {status}; its log: {os.path.join(logs, name + '.log')})",
+                          flush=True)
+    finally:  # a signal, or any error here: no training outlives this run unseen
+        for name, (proc, _) in running.items():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for name, (proc, _) in running.items():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            record(name, status="stopped (resumes when run again)", ended=_now())
     return len(failed)
 
 
@@ -195,9 +231,11 @@ def main(argv=None) -> int:
                         help="the pinned model set with its 'retrain' plan")
     parser.add_argument("--cores", type=int, default=int(os.environ.get("CORES", 2)),
                         help="cores to fill with the jobs (CORES, default 2), one thread a process")
-    parser.add_argument("--logs", default=os.path.join(REPO, "work", "retrain"), help="where each job's log goes")
+    parser.add_argument("--logs", default=os.path.join(REPO, "work", "retrain"),
+                        help="where each job's log and state.json go")
     parser.add_argument("--only", nargs="+", metavar="JOB",
-                        help="these jobs alone (their needs must have finished in an earlier run)")
+                        help="these jobs alone, each after those of them it needs; a need outside them must have "
+                             "finished in an earlier run (state.json)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the jobs, each after the jobs it needs, and start none")
     parser.add_argument("--status", action="store_true",
@@ -219,8 +257,28 @@ def main(argv=None) -> int:
             print(f"retrain: --only {' '.join(unknown)}: no such job (the jobs: "
                   f"{', '.join(job['name'] for job in jobs)})", file=sys.stderr)
             return 2
-        jobs = [{**job, "after": []} for job in jobs if job["name"] in args.only]
-    problems = run(jobs, args.cores, args.logs, args.dry_run)
+        jobs = [job for job in jobs if job["name"] in args.only]
+    if args.dry_run:
+        return 1 if run(jobs, args.cores, args.logs, dry_run=True) else 0
+    os.makedirs(args.logs, exist_ok=True)
+    lock = open(os.path.join(args.logs, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"retrain: another retrain runs on {args.logs} (its state: retrain.py --status)", file=sys.stderr)
+        return 2
+    alive = [name for name, entry in read_state(args.logs).items() if entry.get("status") == "running"]
+    if alive:  # started by a run that died without stopping them (SIGKILL): two of one training would collide
+        print(f"retrain: {', '.join(alive)} still running from an earlier retrain (process groups "
+              f"{', '.join(str(read_state(args.logs)[n]['pgid']) for n in alive)}): stop them first", file=sys.stderr)
+        return 2
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    try:
+        problems = run(jobs, args.cores, args.logs, dry_run=False)
+    except Stopped as stop:
+        print(f"retrain: stopped by signal {stop.args[0]}; the trainings resume when it runs again", file=sys.stderr)
+        return 128 + stop.args[0]
     if problems:
         print(f"retrain: {problems} job(s) did not finish (above)", file=sys.stderr)
         return 1

@@ -140,12 +140,13 @@ LIST=$WORK/shortlist.pt
 [[ $LIST_TOP == 20 && $LIST_FREQUENT == 100 ]] || LIST=$WORK/shortlist-t$LIST_TOP-f$LIST_FREQUENT.pt
 BASELINE=$BASE/checkpoints/checkpoint_best.pt
 
-if stage align; then
+# The lexical table and the shortlist are made once (pinned task files: a re-run must not rewrite them).
+if stage align && [[ ! -f $WORK/lex.$SRC-$TGT.txt ]]; then
   record fairseq-plugins align --source "$DATA/tok/train.$SRC" --target "$DATA/tok/train.$TGT" \
     --output "$WORK/train.align" --lexical-table "$WORK/lex.$SRC-$TGT.txt"
 fi
 
-if stage shortlist; then
+if stage shortlist && [[ ! -f $LIST ]]; then
   record fairseq-plugins shortlist --lexical-table "$WORK/lex.$SRC-$TGT.txt" --data-bin "$DATA/bin" \
     -s "$SRC" -t "$TGT" --top "$LIST_TOP" --frequent "$LIST_FREQUENT" --output "$LIST"
 fi

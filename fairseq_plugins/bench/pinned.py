@@ -52,11 +52,18 @@ def load_models(path: str) -> Dict:
         if weights is not None and not re.fullmatch(r"[0-9a-f]{64}", str(weights)):
             raise InputError(f"{path}: model {model['name']!r}: weights_sha256 must be 64 lowercase hex digits")
         retrained = model.get("retrained", [])
+        if (weights is not None or retrained) and digest is None:
+            raise InputError(f"{path}: model {model['name']!r}: weights_sha256 and 'retrained' go with a recorded "
+                             "sha256 (the file they were taken from)")
         if not isinstance(retrained, list) or not all(
                 isinstance(copy, dict) and re.fullmatch(r"[0-9a-f]{64}", str(copy.get("sha256")))
                 and copy.get("date") and copy.get("evidence") for copy in retrained):
             raise InputError(f"{path}: model {model['name']!r}: 'retrained' must list files of the same weights, "
                              "each {\"sha256\": 64 hex digits, \"date\": ..., \"evidence\": why they are the same}")
+        files = file_hashes(model)
+        if len(set(files)) != len(files):
+            raise InputError(f"{path}: model {model['name']!r}: a file sha256 is listed twice (its pin and "
+                             "'retrained')")
     return data
 
 
@@ -158,8 +165,9 @@ def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[Li
     lines, problems = [], []
     for model in models["models"]:
         if model.get("superseded_by"):  # an earlier model under a path that now holds another: nothing to hash
-            lines.append(f"{model['name']}: superseded by {model['superseded_by']} (its figures stay from an "
-                         f"unpinned model set until re-measured)")
+            kept = (f"its figures stay pinned to its sha256 {model['sha256'][:SHORT_HASH]}..." if model["sha256"]
+                    else "its figures stay from an unpinned model set")
+            lines.append(f"{model['name']}: superseded by {model['superseded_by']} ({kept} until re-measured)")
             continue
         path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
         if not os.path.isfile(path):
@@ -199,7 +207,7 @@ def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[Li
 def _weights(path: str) -> Optional[str]:
     try:
         return weights_sha256(path)
-    except InputError:
+    except Exception:  # noqa: BLE001 - no checkpoint, or one whose tensors cannot be read as bytes: no such hash
         return None
 
 
