@@ -453,3 +453,51 @@ def test_a_stopped_retrain_stops_its_trainings_and_records_them(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.killpg(state["pgid"], 0)
     assert events.read_text() == "start\n"
+
+
+def test_pin_records_a_new_model_a_retrained_copy_or_another_model_that_supersedes_the_last(pinned_tree):
+    """report --pin NAME after a training: hashes and curve where none were recorded; the same weights in
+    another file as a retrained copy; other weights as a new model under NAME, the entry so far kept, superseded
+    by it, with its figures and sha256."""
+    import torch
+
+    from fairseq_plugins.bench.provenance import file_sha256, weights_sha256
+
+    path = pinned_tree / "docs" / "results" / "models.json"
+    checkpoint = pinned_tree / "work" / "c" / "checkpoint.pt"
+    checkpoint.parent.mkdir(parents=True)
+    weights = {"w": torch.ones(3)}
+    _checkpoint(checkpoint, weights, 1.0)
+    log = pinned_tree / "train.log"
+    log.write_text("epoch 001 | valid on 'valid' subset | loss 5.5 | nll_loss 4\n"
+                   "epoch 002 | valid on 'valid' subset | loss 4.25 | nll_loss 3\n"
+                   "epoch 002 | valid on 'valid' subset | loss 4.2 | nll_loss 3\n")  # validated again on a resume
+
+    def pin(*flags, check=True):
+        return plugins_cli("report", "--models", path, "--pin", "model-c", *flags, cwd=pinned_tree, check=check)
+
+    assert "model-c: pinned work/c/checkpoint.pt" in pin("--pin-log", log).stdout
+    entry = {m["name"]: m for m in json.loads(path.read_text())["models"]}["model-c"]
+    assert entry["sha256"] == file_sha256(str(checkpoint)) and entry["weights_sha256"] == weights_sha256(str(checkpoint))
+    assert entry["validation_curve"]["curve"] == [5.5, 4.2] and "sha256_note" not in entry
+    assert "already pinned" in pin().stdout
+
+    _checkpoint(checkpoint, weights, 2.0)  # retrained: the same weights, other meters
+    assert "a retrained copy of the pinned weights" in pin().stdout
+    entry = {m["name"]: m for m in json.loads(path.read_text())["models"]}["model-c"]
+    assert [copy["sha256"] for copy in entry["retrained"]] == [file_sha256(str(checkpoint))]
+
+    first, earlier = entry["sha256"], f"model-c-{entry['date'][:10]}"  # the date it was pinned on
+    _checkpoint(checkpoint, {"w": torch.zeros(3)}, 3.0)  # another model under the same name
+    assert f"the earlier one is now {earlier}, superseded by it" in pin().stdout
+    models = {m["name"]: m for m in json.loads(path.read_text())["models"]}
+    assert models[earlier]["superseded_by"] == "model-c" and models[earlier]["sha256"] == first
+    assert models["model-c"]["sha256"] == file_sha256(str(checkpoint)) and models["model-c"]["figures"] == []
+    assert "retrained" not in models["model-c"] and models["model-c"]["date"].endswith("(trained on this machine)")
+    assert pinned.pinned_hashes(pinned.load_models(str(path)))[first] == earlier
+
+    proc = plugins_cli("report", "--models", path, "--pin", earlier, cwd=pinned_tree, check=False)
+    assert proc.returncode != 0 and "superseded by model-c; pin that one" in proc.stderr
+    proc = plugins_cli("report", "--models", path, "--pin", "model-b", "--pin-log", pinned_tree / "missing.log",
+                       cwd=pinned_tree, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr

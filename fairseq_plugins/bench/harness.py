@@ -140,12 +140,26 @@ def add_bench_parser(subparsers):
     r.add_argument("--require-all-models", action="store_true",
                    help="with --check-models: also fail where a pinned model is missing or its hash unrecorded "
                         "(what `make results` checks before it measures)")
+    r.add_argument("--pin", metavar="NAME",
+                   help="record the checkpoint now under pinned model NAME's path in models.json: its sha256 and "
+                        "weights_sha256 where none are recorded; a retrained copy of the pinned weights in its "
+                        "'retrained' list; another model as NAME, the entry so far kept as NAME-<its date>, "
+                        "superseded by it")
+    r.add_argument("--pin-log", metavar="LOG",
+                   help="with --pin: the fairseq-train log whose validation losses become the model's curve")
     r.add_argument("--overview-plot", metavar="PNG",
                    help="write the cross-method plot (ΔBLEU against speed ratio, every setting)")
     r.set_defaults(run=run_report)
 
 
 def run_report(args, argv):
+    if args.pin_log and not args.pin:
+        raise InputError("--pin-log goes with --pin")
+    if args.pin:
+        from .pinned import MODELS_FILE, pin_model
+
+        print(pin_model(args.models or MODELS_FILE, os.getcwd(), args.pin, args.pin_log))
+        return
     if args.check_models:
         from .pinned import MODELS_FILE, run_check_models
 

@@ -225,3 +225,88 @@ def run_check_models(models_path: str, root: str, require_all: bool) -> int:
         print(f"{models_path}: {len(problems)} pinned model(s) do not match:\n" + "\n".join(problems))
         return 1
     return 0
+
+
+VALID_LINE = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([0-9.]+)")
+
+
+def validation_curve(log: str) -> List[float]:
+    """fairseq-train's validation loss per epoch from its log (--log-format simple), the last line of an epoch
+    where a resume validated it again."""
+    if not os.path.isfile(log):
+        raise InputError(f"--pin-log {log}: no such file")
+    with open(log, encoding="utf-8", errors="replace") as f:
+        losses = {int(epoch): float(loss) for epoch, loss in VALID_LINE.findall(f.read())}
+    if not losses:
+        raise InputError(f"--pin-log {log}: no \"valid on 'valid' subset\" line (a fairseq-train log with "
+                         "--log-format simple?)")
+    return [losses[epoch] for epoch in sorted(losses)]
+
+
+def pin_model(models_path: str, root: str, name: str, log: Optional[str] = None,
+              date: Optional[str] = None) -> str:
+    """Record the file now under pinned model ``name``'s path in models.json, and say what was done: its hashes
+    where none were recorded; the file's sha256 in ``retrained`` where its weights are the pinned ones; else it
+    is another model: the entry so far is kept as ``<name>-<its date>``, superseded by ``name``, which now names
+    the new file (its figures none yet). ``log``: the fairseq-train log whose validation losses become its curve."""
+    import copy
+    import json
+    import time
+
+    from ..common.textio import atomic_output
+
+    data = load_models(models_path)
+    by_name = {model["name"]: model for model in data["models"]}
+    model = by_name.get(name)
+    if model is None:
+        raise InputError(f"--pin {name}: no such model in {models_path} ({', '.join(by_name)})")
+    if model.get("superseded_by"):
+        raise InputError(f"--pin {name}: superseded by {model['superseded_by']}; pin that one")
+    path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
+    if not os.path.isfile(path):
+        raise InputError(f"--pin {name}: {model['path']} is not on this machine (train it: {model['recipe']})")
+    curve = validation_curve(log) if log else None
+    digest, weights = file_sha256(path), weights_sha256(path)
+    date = date or time.strftime("%Y-%m-%d")
+
+    def with_curve(entry):
+        if curve is not None:
+            entry["validation_curve"] = {**entry.get("validation_curve", {}), "from": log, "curve": curve}
+        return entry
+
+    if digest in file_hashes(model):
+        if model.get("weights_sha256"):
+            return f"{name}: {model['path']} is already pinned ({digest[:SHORT_HASH]}...)"
+        model["weights_sha256"] = weights
+        done = f"{name}: already pinned; its weights_sha256 recorded ({weights[:SHORT_HASH]}...)"
+    elif model["sha256"] is None:
+        model.pop("sha256_note", None)
+        model.update(sha256=digest, weights_sha256=weights, date=f"{date} (trained on this machine)")
+        with_curve(model)
+        done = f"{name}: pinned {model['path']} (sha256 {digest[:SHORT_HASH]}..., weights {weights[:SHORT_HASH]}...)"
+    elif model.get("weights_sha256") == weights:
+        model.setdefault("retrained", []).append({
+            "sha256": digest, "date": date,
+            "evidence": "its weights_sha256 is the pinned one (the file differs in what training records beside "
+                        "the weights)"})
+        done = f"{name}: {model['path']} is a retrained copy of the pinned weights; its sha256 added to 'retrained'"
+    else:
+        stamp = re.match(r"\d{4}-\d{2}-\d{2}", str(model["date"]))
+        earlier_name = f"{name}-{stamp.group(0) if stamp else 'earlier'}"
+        while earlier_name in by_name:
+            earlier_name += "-earlier"
+        earlier = {**copy.deepcopy(model), "name": earlier_name, "superseded_by": name}
+        model.update(sha256=digest, weights_sha256=weights, date=f"{date} (trained on this machine)", figures=[],
+                     history=f"Retrained on {date} by its recipe; the model pinned under this name before, and its "
+                             f"figures, are '{earlier_name}'.")
+        model.pop("retrained", None)
+        if earlier.get("weights_sha256") is None:
+            model["history"] += " (Its weights' hash was not recorded: whether they differ is not known.)"
+        with_curve(model)
+        data["models"].insert(data["models"].index(model) + 1, earlier)
+        done = (f"{name}: {model['path']} is another model (sha256 {digest[:SHORT_HASH]}...): pinned as {name}; the "
+                f"earlier one is now {earlier_name}, superseded by it (its figures keep its sha256)")
+    with atomic_output(models_path) as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    return done
