@@ -496,6 +496,21 @@ def test_pin_records_a_new_model_a_retrained_copy_or_another_model_that_supersed
     assert "retrained" not in models["model-c"] and models["model-c"]["date"].endswith("(trained on this machine)")
     assert pinned.pinned_hashes(pinned.load_models(str(path)))[first] == earlier
 
+    # An entry without a hash that names figures describes a model trained elsewhere: a file now under its path is
+    # another model, not that one.
+    models = json.loads(path.read_text())
+    (unrecorded,) = [m for m in models["models"] if m["name"] == "model-b"]
+    unrecorded.update(sha256=None, sha256_note="not recorded: trained elsewhere", figures=["b.json"],
+                      evaluate={"beam 5": 30.0})
+    path.write_text(json.dumps(models))
+    _checkpoint(pinned_tree / "work" / "b" / "checkpoint.pt", weights, 1.0)
+    assert "the earlier one is now model-b-2026-11-28" in plugins_cli(
+        "report", "--models", path, "--pin", "model-b", cwd=pinned_tree).stdout
+    models = {m["name"]: m for m in json.loads(path.read_text())["models"]}
+    assert models["model-b-2026-11-28"]["figures"] == ["b.json"] and models["model-b-2026-11-28"]["sha256"] is None
+    assert "evaluate" not in models["model-b"]
+    assert models["model-b"]["sha256"] == file_sha256(str(pinned_tree / "work" / "b" / "checkpoint.pt"))
+
     proc = plugins_cli("report", "--models", path, "--pin", earlier, cwd=pinned_tree, check=False)
     assert proc.returncode != 0 and "superseded by model-c; pin that one" in proc.stderr
     proc = plugins_cli("report", "--models", path, "--pin", "model-b", "--pin-log", pinned_tree / "missing.log",

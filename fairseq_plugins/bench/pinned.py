@@ -279,28 +279,30 @@ def pin_model(models_path: str, root: str, name: str, log: Optional[str] = None,
             return f"{name}: {model['path']} is already pinned ({digest[:SHORT_HASH]}...)"
         model["weights_sha256"] = weights
         done = f"{name}: already pinned; its weights_sha256 recorded ({weights[:SHORT_HASH]}...)"
-    elif model["sha256"] is None:
-        model.pop("sha256_note", None)
-        model.update(sha256=digest, weights_sha256=weights, date=f"{date} (trained on this machine)")
-        with_curve(model)
-        done = f"{name}: pinned {model['path']} (sha256 {digest[:SHORT_HASH]}..., weights {weights[:SHORT_HASH]}...)"
     elif model.get("weights_sha256") == weights:
         model.setdefault("retrained", []).append({
             "sha256": digest, "date": date,
             "evidence": "its weights_sha256 is the pinned one (the file differs in what training records beside "
                         "the weights)"})
         done = f"{name}: {model['path']} is a retrained copy of the pinned weights; its sha256 added to 'retrained'"
-    else:
+    elif model["sha256"] is None and not model.get("figures"):  # never trained or measured: filled in place
+        model.pop("sha256_note", None)
+        model.update(sha256=digest, weights_sha256=weights, date=f"{date} (trained on this machine)")
+        with_curve(model)
+        done = f"{name}: pinned {model['path']} (sha256 {digest[:SHORT_HASH]}..., weights {weights[:SHORT_HASH]}...)"
+    else:  # another model than the one the entry describes (and its figures measured), hashed or not
         stamp = re.match(r"\d{4}-\d{2}-\d{2}", str(model["date"]))
         earlier_name = f"{name}-{stamp.group(0) if stamp else 'earlier'}"
         while earlier_name in by_name:
             earlier_name += "-earlier"
         earlier = {**copy.deepcopy(model), "name": earlier_name, "superseded_by": name}
+        for measured in ("retrained", "evaluate", "validation_curve", "validation_curve_note", "sha256_note",
+                         "other_paths", "task_files"):  # the earlier model's, not this one's
+            model.pop(measured, None)
         model.update(sha256=digest, weights_sha256=weights, date=f"{date} (trained on this machine)", figures=[],
-                     history=f"Retrained on {date} by its recipe; the model pinned under this name before, and its "
+                     history=f"Retrained on {date} by its recipe; the model under this name before, and its "
                              f"figures, are '{earlier_name}'.")
-        model.pop("retrained", None)
-        if earlier.get("weights_sha256") is None:
+        if earlier["sha256"] and earlier.get("weights_sha256") is None:
             model["history"] += " (Its weights' hash was not recorded: whether they differ is not known.)"
         with_curve(model)
         data["models"].insert(data["models"].index(model) + 1, earlier)
