@@ -142,9 +142,9 @@ def add_bench_parser(subparsers):
                         "(what `make results` checks before it measures)")
     r.add_argument("--pin", metavar="NAME",
                    help="record the checkpoint now under pinned model NAME's path in models.json: its sha256 and "
-                        "weights_sha256 where none are recorded; a retrained copy of the pinned weights in its "
-                        "'retrained' list; another model as NAME, the entry so far kept as NAME-<its date>, "
-                        "superseded by it")
+                        "weights_sha256 in an entry never trained or measured; a retrained copy of the pinned weights "
+                        "in its 'retrained' list; else another model, pinned as NAME while the entry so far stays "
+                        "as NAME-<its date>, superseded by it")
     r.add_argument("--pin-log", metavar="LOG",
                    help="with --pin: the fairseq-train log whose validation losses become the model's curve")
     r.add_argument("--overview-plot", metavar="PNG",
