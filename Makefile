@@ -26,6 +26,8 @@ FAIRSEQ_SOURCE ?= fairseq-fixed==0.12.3.1
 # here, and nobody debugs fairseq's C++ from this build).
 FAIRSEQ_SOURCE_CFLAGS ?= -g0
 DATA      ?=
+# make results: the groups of rows to re-measure (examples/results/remeasure.sh; empty: every group)
+ROWS      ?=
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist), one thread each: the suite's files share the cores instead of queueing on one, in
 # the order tests/conftest.py collects them (longest first; xdist would order them by their number of tests).
@@ -71,7 +73,8 @@ help:
 	@echo "             in the background: mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &)"
 	@echo "make retrain-status  each retrain job's state and its log's last line"
 	@echo "make results   re-measure every README row from the pinned models (docs/results/models.json) on an idle"
-	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh)"
+	@echo "             machine; refuses while a pinned model is missing or its hash differs (examples/results/remeasure.sh;"
+	@echo "             ROWS=\"baseline fast_step ...\": those groups of rows alone, needing their own models only)"
 	@echo "make gpu-check STAGE=env|baseline|train|bytenet|bench|profile  one stage of the GPU kit on a CUDA machine (docs/gpu.md)"
 	@echo "make gpu-dry-run  every stage of the GPU kit on the CPU, tiny data (what CI checks; a few minutes)"
 	@echo "make fast-align  build fast_align from $(FAST_ALIGN_SOURCE) into $(FAST_ALIGN_BUILD) (make test does)"
@@ -135,7 +138,7 @@ retrain-status:
 # Every README row again from the pinned model set; refuses to start unless every pinned model is here with its
 # recorded hash, and on a loaded machine.
 results: install
-	DATA="$(if $(DATA),$(DATA),../shared/data/multi30k)" examples/results/remeasure.sh
+	DATA="$(if $(DATA),$(DATA),../shared/data/multi30k)" ROWS="$(ROWS)" examples/results/remeasure.sh
 
 # No install step: on a lent GPU machine the kit installs the carried wheels itself (docs/gpu.md).
 gpu-check:

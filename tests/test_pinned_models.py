@@ -516,3 +516,26 @@ def test_pin_records_a_new_model_a_retrained_copy_or_another_model_that_supersed
     proc = plugins_cli("report", "--models", path, "--pin", "model-b", "--pin-log", pinned_tree / "missing.log",
                        cwd=pinned_tree, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
+
+
+def test_some_rows_need_their_own_pinned_models_only(pinned_tree):
+    """make results ROWS=...: --require-models fails only for the named models that are missing or unhashed."""
+    models = str(pinned_tree / "docs" / "results" / "models.json")
+    proc = plugins_cli("report", "--check-models", "--require-models", "model-a,model-b", "--models", models,
+                       cwd=pinned_tree)
+    assert "model-c: work/c/checkpoint.pt is not on this machine" in proc.stdout
+    proc = plugins_cli("report", "--check-models", "--require-models", "model-a,model-c", "--models", models,
+                       cwd=pinned_tree, check=False)
+    assert proc.returncode == 1 and "model-c: work/c/checkpoint.pt is not on this machine (train it:" in proc.stdout
+    proc = plugins_cli("report", "--check-models", "--require-models", "model-z", "--models", models,
+                       cwd=pinned_tree, check=False)
+    assert proc.returncode == 2 and "--require-models model-z: not in the pinned model set" in proc.stderr
+
+
+def test_make_results_refuses_a_group_of_rows_it_does_not_know_before_anything():
+    import subprocess
+
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "results", "remeasure.sh")], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "ROWS": "baseline fast-step", "DRY_RUN": "1"})
+    assert proc.returncode == 2
+    assert "ROWS names fast-step; the groups: baseline fast_step blockwise" in proc.stderr and "+ " not in proc.stdout

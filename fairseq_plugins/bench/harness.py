@@ -140,6 +140,9 @@ def add_bench_parser(subparsers):
     r.add_argument("--require-all-models", action="store_true",
                    help="with --check-models: also fail where a pinned model is missing or its hash unrecorded "
                         "(what `make results` checks before it measures)")
+    r.add_argument("--require-models", metavar="NAMES",
+                   help="with --check-models: the same for these pinned models alone (comma-separated: what the "
+                        "rows `make results ROWS=...` re-measures need)")
     r.add_argument("--pin", metavar="NAME",
                    help="record the checkpoint now under pinned model NAME's path in models.json: its sha256 and "
                         "weights_sha256 in an entry never trained or measured; a retrained copy of the pinned weights "
@@ -163,7 +166,8 @@ def run_report(args, argv):
     if args.check_models:
         from .pinned import MODELS_FILE, run_check_models
 
-        status = run_check_models(args.models or MODELS_FILE, os.getcwd(), args.require_all_models)
+        status = run_check_models(args.models or MODELS_FILE, os.getcwd(), args.require_all_models,
+                                  [name for name in (args.require_models or "").split(",") if name])
         if status:
             raise SystemExit(status)
         return

@@ -158,12 +158,18 @@ def model_name(result: Dict, role: str, models: Optional[Dict], results_file: Op
     return path or "?"
 
 
-def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[List[str], List[str]]:
+def check_models(models: Dict, root: str, require_all: bool = False,
+                 required: Optional[List[str]] = None) -> Tuple[List[str], List[str]]:
     """Hash every pinned model's file present under ``root``. Returns (lines to print, problems): a file whose
     sha256 differs from its pin is a problem; with ``require_all`` (before re-measuring) so is a missing file or
-    a model whose hash was never recorded."""
+    a model whose hash was never recorded, or with ``required`` (the models some rows need) for those alone."""
+    names = {model["name"] for model in models["models"]}
+    unknown = [name for name in required or [] if name not in names]
+    if unknown:
+        raise InputError(f"--require-models {','.join(unknown)}: not in the pinned model set ({', '.join(names)})")
     lines, problems = [], []
     for model in models["models"]:
+        require = require_all or model["name"] in (required or [])
         if model.get("superseded_by"):  # an earlier model under a path that now holds another: nothing to hash
             kept = (f"its figures stay pinned to its sha256 {model['sha256'][:SHORT_HASH]}..." if model["sha256"]
                     else "its figures stay from an unpinned model set")
@@ -172,7 +178,7 @@ def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[Li
         path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
         if not os.path.isfile(path):
             line = f"{model['name']}: {model['path']} is not on this machine"
-            if require_all:
+            if require:
                 problems.append(line + f" (train it: {model['recipe']})")
             lines.append(line)
             continue
@@ -180,7 +186,7 @@ def check_models(models: Dict, root: str, require_all: bool = False) -> Tuple[Li
         if model["sha256"] is None:
             line = (f"{model['name']}: {model['path']} has sha256 {actual}{_weights_note(path)}, but models.json "
                     f"records none ({model.get('sha256_note')})")
-            if require_all:
+            if require:
                 problems.append(line + ": pin it first")
             lines.append(line)
         elif actual == model["sha256"]:
@@ -217,9 +223,9 @@ def _weights_note(path: str, why: str = "") -> str:
     return f" (weights sha256 {weights}{why})" if weights else ""
 
 
-def run_check_models(models_path: str, root: str, require_all: bool) -> int:
+def run_check_models(models_path: str, root: str, require_all: bool, required: Optional[List[str]] = None) -> int:
     models = load_models(models_path)
-    lines, problems = check_models(models, root, require_all)
+    lines, problems = check_models(models, root, require_all, required)
     print("\n".join(lines))
     if problems:
         print(f"{models_path}: {len(problems)} pinned model(s) do not match:\n" + "\n".join(problems))
