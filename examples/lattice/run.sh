@@ -101,10 +101,9 @@ fi
 
 if stage table; then
   for c in $(corpora); do
-    [[ -f $(table "$c") && -f $RESULTS/lattice_recall_$c.json ]] && continue
-    record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s "$SRC" -t "$TGT" --split train \
-      --alignment "$WORK/$c/train.align" --output "$(table "$c")"
-    record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" \
+    [[ -f $(table "$c") ]] || record fairseq-plugins lattice-table --data-bin "$(data_bin "$c")" -s "$SRC" \
+      -t "$TGT" --split train --alignment "$WORK/$c/train.align" --output "$(table "$c")"
+    [[ -f $RESULTS/lattice_recall_$c.json ]] || record fairseq-plugins lattice-recall --table "$(table "$c")" --data-bin "$(data_bin "$c")" \
       -s "$SRC" -t "$TGT" --split test --json "$RESULTS/lattice_recall_$c.json"
   done
 fi
