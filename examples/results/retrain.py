@@ -91,7 +91,21 @@ def _now() -> str:
 
 
 def _group_alive(pgid) -> bool:
+    """Whether a process of group ``pgid`` still runs: on Linux from /proc, leaving out zombies (a killed
+    training's children wait there until they are reaped, and signal 0 still reaches them)."""
     if not pgid:
+        return False
+    if os.path.isdir("/proc/self"):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, pgrp
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
         return False
     try:
         os.killpg(pgid, 0)

@@ -284,8 +284,12 @@ def set_sections(chosen: List[Tuple[str, Dict, str]], models: Optional[Dict], pa
         groups.setdefault(pinned.stock_side_key(row[1])[1], []).append(row)
     for digest, rows in groups.items():
         name = pinned.model_name(rows[0][1], "baseline_checkpoint", models, rows[0][0])
+        successor = next((m.get("superseded_by") for m in (models or {}).get("models", []) if m["name"] == name), None)
+        # A stock model since retrained under its name: these rows stay its figures until make results measures
+        # them on the successor.
+        later = f"; superseded by {successor}, these rows not yet re-measured on it" if successor else ""
         lines += ["", f"From the pinned model set ({models_link(models, page_dir)}), against {name} "
-                      f"(sha256 {digest[:pinned.SHORT_HASH]}...):", ""] + ROW_HEADER
+                      f"(sha256 {digest[:pinned.SHORT_HASH]}...{later}):", ""] + ROW_HEADER
         lines += [row_line(p, r, why, page_dir, models, test_sentences) for p, r, why in rows]
     if unpinned_rows:
         lines += ["", "From an unpinned model set: measured before `bench` recorded the checkpoints' sha256, on models "

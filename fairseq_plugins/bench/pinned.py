@@ -277,7 +277,8 @@ def pin_model(models_path: str, root: str, name: str, log: Optional[str] = None,
 
     def with_curve(entry):
         if curve is not None:
-            entry["validation_curve"] = {**entry.get("validation_curve", {}), "from": log, "curve": curve}
+            entry["validation_curve"] = {"from": log, "loss": "validation loss per epoch (the log's valid lines)",
+                                         "curve": curve}
         return entry
 
     if digest in file_hashes(model):
