@@ -126,8 +126,9 @@ baseline: install
 	examples/baseline/run.sh $(if $(DATA),$(DATA),../shared/data/multi30k)
 
 # The pinned model set trained on this machine (a new machine has none): docs/results/models.json's "retrain" plan,
-# CORES (2) one-thread trainings at a time in the order the plan gives, each resuming where it stopped, logs in
-# work/retrain/. Hours to days on 2 cores: start it in the background (mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &).
+# CORES (2) one-thread trainings at a time, each once the jobs it needs have finished and its cores are free,
+# resuming where it stopped, logs in work/retrain/. Many working periods on 2 cores: start it in the background
+# (mkdir -p work && setsid nohup make retrain > work/retrain.log 2>&1 &).
 retrain: install
 	$(BIN)/python examples/results/retrain.py $(if $(CORES),--cores $(CORES))
 

@@ -130,6 +130,8 @@ def read_state(logs: str) -> dict:
 
 
 def _write_state(logs: str, state: dict) -> None:
+    # Written aside and renamed, as fairseq_plugins.common.textio.atomic_output does; not imported from there:
+    # importing the package loads fairseq and every method (~8 s and their memory for a run that lasts days).
     handle, aside = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=logs)
     with os.fdopen(handle, "w", encoding="utf-8") as f:
         json.dump(state, f, indent=2)
@@ -281,10 +283,10 @@ def main(argv=None) -> int:
     except BlockingIOError:
         print(f"retrain: another retrain runs on {args.logs} (its state: retrain.py --status)", file=sys.stderr)
         return 2
-    alive = [name for name, entry in read_state(args.logs).items() if entry.get("status") == "running"]
+    alive = {name: entry["pgid"] for name, entry in read_state(args.logs).items() if entry.get("status") == "running"}
     if alive:  # started by a run that died without stopping them (SIGKILL): two of one training would collide
         print(f"retrain: {', '.join(alive)} still running from an earlier retrain (process groups "
-              f"{', '.join(str(read_state(args.logs)[n]['pgid']) for n in alive)}): stop them first", file=sys.stderr)
+              f"{', '.join(map(str, alive.values()))}): stop them first", file=sys.stderr)
         return 2
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)

@@ -158,6 +158,11 @@ def model_name(result: Dict, role: str, models: Optional[Dict], results_file: Op
     return path or "?"
 
 
+def model_file(model: Dict, root: str) -> str:
+    """Where a pinned model's file is on this machine: its path, relative to the checkout ``root``."""
+    return model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
+
+
 def check_models(models: Dict, root: str, require_all: bool = False,
                  required: Optional[List[str]] = None) -> Tuple[List[str], List[str]]:
     """Hash every pinned model's file present under ``root``. Returns (lines to print, problems): a file whose
@@ -175,7 +180,7 @@ def check_models(models: Dict, root: str, require_all: bool = False,
                     else "its figures stay from an unpinned model set")
             lines.append(f"{model['name']}: superseded by {model['superseded_by']} ({kept} until re-measured)")
             continue
-        path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
+        path = model_file(model, root)
         if not os.path.isfile(path):
             line = f"{model['name']}: {model['path']} is not on this machine"
             if require:
@@ -268,7 +273,7 @@ def pin_model(models_path: str, root: str, name: str, log: Optional[str] = None,
         raise InputError(f"--pin {name}: no such model in {models_path} ({', '.join(by_name)})")
     if model.get("superseded_by"):
         raise InputError(f"--pin {name}: superseded by {model['superseded_by']}; pin that one")
-    path = model["path"] if os.path.isabs(model["path"]) else os.path.join(root, model["path"])
+    path = model_file(model, root)
     if not os.path.isfile(path):
         raise InputError(f"--pin {name}: {model['path']} is not on this machine (train it: {model['recipe']})")
     curve = validation_curve(log) if log else None
