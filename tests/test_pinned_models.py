@@ -535,6 +535,16 @@ def test_some_rows_need_their_own_pinned_models_only(pinned_tree):
     proc = plugins_cli("report", "--check-models", "--require-models", "model-z", "--models", models,
                        cwd=pinned_tree, check=False)
     assert proc.returncode == 2 and "--require-models model-z: not in the pinned model set" in proc.stderr
+    # model-b is being retrained under its path (make retrain): the rows that need model-a alone go on, those that
+    # need model-b are refused
+    (pinned_tree / "work" / "b" / "checkpoint.pt").write_bytes(b"model b, halfway through its retraining")
+    proc = plugins_cli("report", "--check-models", "--require-models", "model-a", "--models", models,
+                       cwd=pinned_tree)
+    assert "model-b: work/b/checkpoint.pt changed: sha256" in proc.stdout
+    assert "(not needed by the models required)" in proc.stdout
+    proc = plugins_cli("report", "--check-models", "--require-models", "model-a,model-b", "--models", models,
+                       cwd=pinned_tree, check=False)
+    assert proc.returncode == 1 and "model-b: work/b/checkpoint.pt changed" in proc.stdout.split("do not match:")[1]
 
 
 def test_make_results_refuses_a_group_of_rows_it_does_not_know_before_anything():

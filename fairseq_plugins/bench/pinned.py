@@ -167,7 +167,8 @@ def check_models(models: Dict, root: str, require_all: bool = False,
                  required: Optional[List[str]] = None) -> Tuple[List[str], List[str]]:
     """Hash every pinned model's file present under ``root``. Returns (lines to print, problems): a file whose
     sha256 differs from its pin is a problem; with ``require_all`` (before re-measuring) so is a missing file or
-    a model whose hash was never recorded, or with ``required`` (the models some rows need) for those alone."""
+    a model whose hash was never recorded, or with ``required`` (the models some rows need) for those alone:
+    then another model's changed file is only reported, since make retrain may be training it under its path."""
     names = {model["name"] for model in models["models"]}
     unknown = [name for name in required or [] if name not in names]
     if unknown:
@@ -175,6 +176,7 @@ def check_models(models: Dict, root: str, require_all: bool = False,
     lines, problems = [], []
     for model in models["models"]:
         require = require_all or model["name"] in (required or [])
+        checked = require or not required  # a changed file fails the check, unless other models are required
         if model.get("superseded_by"):  # an earlier model under a path that now holds another: nothing to hash
             kept = (f"its figures stay pinned to its sha256 {model['sha256'][:SHORT_HASH]}..." if model["sha256"]
                     else "its figures stay from an unpinned model set")
@@ -205,13 +207,15 @@ def check_models(models: Dict, root: str, require_all: bool = False,
             line = (f"{model['name']}: {model['path']} is retrained with its pin's weights (weights sha256 "
                     f"{model['weights_sha256'][:SHORT_HASH]}...) in another file (sha256 {actual}): the same model; "
                     "add that sha256 to its 'retrained' list (with the date), so figures measured on it are its")
-            problems.append(line)
-            lines.append(line)
+            if checked:
+                problems.append(line)
+            lines.append(line if checked else line + " (not needed by the models required)")
         else:
             line = (f"{model['name']}: {model['path']} changed: sha256 {actual}{_weights_note(path)}, models.json "
                     f"pins {model['sha256']}")
-            problems.append(line)
-            lines.append(line)
+            if checked:
+                problems.append(line)
+            lines.append(line if checked else line + " (not needed by the models required)")
     return lines, problems
 
 
