@@ -145,3 +145,75 @@ def test_a_forced_length_bench_quotes_no_bleu():
             row_line("cnn.json", row, "why", ".", None, None)
     row["generator"].update(max_len_b=300)  # a cap, not a forced length: BLEU as usual, and a README row
     assert "| 0.00 (0.00) | +0.00 | same model | 4.00x" in readme_block([("cnn.json", row)])
+
+
+def test_a_page_quoting_a_results_file_gets_every_row_of_it_generated_and_checked(results_dir, tmp_path):
+    from fairseq_plugins.bench.overview import FILE_BEGIN, FILE_END
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{BEGIN}\n{END}\n")
+    measured = result("fast", "int8 vs CT2", 33.2, 34.0, 2.5)
+    measured.update(beam=5, sentences_per_s=50.0, threads=1, git_commit="0123456789abcdef", date="2026-12-01T23:00")
+    measured["baseline"].update(sentences_per_s=20.0)
+    measured["stats"] = {"outputs_identical_to_baseline": 0.9}
+    measured["ctranslate2"] = {"compute_type": "int8", "bleu": 33.5, "sentences_per_s": 40.0,
+                               "outputs_identical_to_stock": 0.95, "speed_ratio": 1.25,
+                               "speed_ratio_runs": [1.2, 1.25, 1.3], "speed_ratio_min": 1.2, "speed_ratio_max": 1.3,
+                               "speed_ratio_spread": 0.08}
+    (results_dir / "against_ct2.json").write_text(json.dumps([measured, result("fast", "no reference", 34.0, 34.0,
+                                                                               1.5, runs=(1.0, 1.5, 2.0))]))
+    page = tmp_path / "docs" / "page.md"
+    block = lambda name: f"{FILE_BEGIN.format(file=name)}\nhand-typed figures\n{FILE_END.format(file=name)}"
+    page.write_text(f"# a page\n\n{block('against_ct2.json')}\n\nprose\n")
+    stale = plugins_cli("report", results_dir, "--readme", readme, "--check", check=False)
+    assert stale.returncode == 1 and "docs/page.md" in stale.stdout
+    plugins_cli("report", results_dir, "--readme", readme)
+    text = page.read_text()
+    assert text.startswith("# a page\n\n") and text.endswith("\n\nprose\n") and "hand-typed" not in text
+    assert "Every row of [against_ct2.json](results/against_ct2.json)" in text
+    assert "commit 0123456, 2026-12-01" in text
+    # both ratios of the same runs, each side's speed, BLEU and identical outputs; '-' where a row has no reference
+    assert ("| int8 vs CT2 | 5 | 1 | 2.50x (2.50-2.50) | 1.25x (1.20-1.30) | 50.0, 40.0, 20.0 | "
+            "33.20, 33.50, 34.00 (10 timed) | 90%, 95% | not sampled |") in text
+    assert "| no reference | - | 1 | 1.50x (1.00-2.00), spread 67% ! | - | -, -, - |" in text
+    assert "! no reference: the runs' ratios spread over 67% of the median (more than 10%)." in text
+    assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
+    # a block naming a file that is not there: the marker and the path in the error, nothing written
+    page.write_text(block("missing.json") + "\n")
+    proc = plugins_cli("report", results_dir, "--readme", readme, check=False)
+    assert proc.returncode == 2 and "results-file:missing.json" in proc.stderr and "no such results file" in proc.stderr
+    assert "hand-typed" in page.read_text()
+
+
+def test_a_page_gets_its_profile_table_from_the_profile_files(results_dir, tmp_path):
+    from fairseq_plugins.bench.overview import PROFILE_BEGIN, PROFILE_END
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{BEGIN}\n{END}\n")
+
+    def profile(beam, search, parts, total, ct2):
+        return {"checkpoint_sha256": "ab" * 32, "precision": "int8", "beam": beam, "search": search, "threads": 1,
+                "device": "test CPU", "git_commit": "fedcba9876543210", "date": "2026-12-01T23:30:00",
+                "fast_step": {"sentences": 300, "ms_per_token": parts, "ms_per_token_total": total},
+                "ctranslate2": {"ms_per_token_total": ct2, "compute_type": "int8"}}
+
+    (results_dir / "profile_greedy.json").write_text(json.dumps(
+        profile(1, "native", {"encoder": 0.05, "decoder": 0.15}, 0.2, 0.3)))
+    (results_dir / "profile_beam5.json").write_text(json.dumps(
+        profile(5, "python", {"encoder": 0.06, "search bookkeeping": 0.5}, 0.56, 0.6)))
+    files = "profile_greedy.json,profile_beam5.json"
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(f"{PROFILE_BEGIN.format(files=files)}\nold\n{PROFILE_END.format(files=files)}\n")
+    plugins_cli("report", results_dir, "--readme", readme)
+    text = page.read_text()
+    assert "| part | greedy, native search | beam 5, python search |" in text
+    # every part of either file, '-' where a file has no such part; both totals
+    assert "| encoder | 0.050 | 0.060 |" in text and "| search bookkeeping | - | 0.500 |" in text
+    assert "| **fast step, total** | **0.200** | **0.560** |" in text
+    assert "| CTranslate2, total | 0.300 (int8) | 0.600 (int8) |" in text
+    assert "a model not in the pinned set (sha256 abababababab...)" in text and "commit fedcba9, 2026-12-01" in text
+    assert plugins_cli("report", results_dir, "--readme", readme, "--check").returncode == 0
+    # a file that is no profile: a clear error naming the block and the file
+    (results_dir / "profile_beam5.json").write_text(json.dumps({"fast_step": {}}))
+    proc = plugins_cli("report", results_dir, "--readme", readme, check=False)
+    assert proc.returncode == 2 and "profile_beam5.json: not a profile written by" in proc.stderr

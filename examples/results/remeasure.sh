@@ -94,8 +94,9 @@ replay_row() {
 export RESULTS=docs/results THREADS=1 BENCH_LIMIT=0
 if row baseline; then run STAGES=bench examples/baseline/run.sh "$DATA" work/baseline; fi
 if row fast_step; then
-  # (the ctranslate2 stage: the README's row, against CTranslate2 in the same runs; hub: issue 53's hub targets)
-  run STAGES="exact fast devlin ctranslate2 hub" LIMIT=0 LIST=work/rnn_fc/shortlist.pt \
+  # (the ctranslate2 stage: the README's row, against CTranslate2 in the same runs; hub: issue 53's hub targets;
+  # profile: where a token's time goes, docs/fast-step.md)
+  run STAGES="exact fast devlin ctranslate2 hub profile" LIMIT=0 LIST=work/rnn_fc/shortlist.pt \
     examples/fast_step/run.sh work/baseline work/fast_step
 fi
 if row blockwise; then
