@@ -160,8 +160,9 @@ def test_a_page_quoting_a_results_file_gets_every_row_of_it_generated_and_checke
                                "outputs_identical_to_stock": 0.95, "speed_ratio": 1.25,
                                "speed_ratio_runs": [1.2, 1.25, 1.3], "speed_ratio_min": 1.2, "speed_ratio_max": 1.3,
                                "speed_ratio_spread": 0.08}
-    (results_dir / "against_ct2.json").write_text(json.dumps([measured, result("fast", "no reference", 34.0, 34.0,
-                                                                               1.5, runs=(1.0, 1.5, 2.0))]))
+    unreferenced = {**result("fast", "no reference", 34.0, 34.0, 1.5, runs=(1.0, 1.5, 2.0)),
+                    "git_commit": "0123456789abcdef", "date": "2026-12-01T23:10"}
+    (results_dir / "against_ct2.json").write_text(json.dumps([measured, unreferenced]))
     page = tmp_path / "docs" / "page.md"
     block = lambda name: f"{FILE_BEGIN.format(file=name)}\nhand-typed figures\n{FILE_END.format(file=name)}"
     page.write_text(f"# a page\n\n{block('against_ct2.json')}\n\nprose\n")

@@ -64,6 +64,8 @@ def judge(target: Dict, results_dir: str, oriented) -> Dict:
         status = (FLAGGED if flagged else MET) if ok else NOT_MET
         measured = f"{value:g}" + ("; flagged: its runs spread over 10% or the machine was busy" if flagged else "")
         return {"status": status, "measured": measured, "file": spec["file"]}
+    if not os.path.isfile(os.path.join(results_dir, target["row"]["file"])):  # (a recipe stage not run yet)
+        return {"status": NOT_MEASURED, "measured": "-", "file": target["row"]["file"]}
     row = find_row(results_dir, target["row"], oriented)
     flags = list(flag_reasons(row))
     ratio, low, high = row["speed_ratio"], row["speed_ratio_min"], row["speed_ratio_max"]
@@ -129,6 +131,8 @@ def targets_table(method: str, targets: List[Dict], results_dir: str, oriented,
         verdict = judge(target, results_dir, oriented)
         name = verdict["file"]
         link = f"[{name}]({link_prefix}{name})" if link_prefix is not None else name
+        if verdict["status"] == NOT_MEASURED:  # no such file yet: nothing to link to
+            link = f"{name} (not written yet)"
         issue = f" (issue {target['issue']})" if target.get("issue") else ""
         lines.append(f"| {target['target']}{issue} | {verdict['measured']} | **{verdict['status']}** | {link} |")
     return lines
