@@ -196,26 +196,27 @@ def check_models(models: Dict, root: str, require_all: bool = False,
             if require:
                 problems.append(line + ": pin it first")
             lines.append(line)
-        elif actual == model["sha256"]:
+            continue
+        if actual == model["sha256"]:
             unrecorded = "" if model.get("weights_sha256") else _weights_note(path, "; not in models.json yet")
             lines.append(f"{model['name']}: {model['path']} matches its pin ({actual[:SHORT_HASH]}...){unrecorded}")
-        elif actual in file_hashes(model):
+            continue
+        if actual in file_hashes(model):
             (copy,) = [c for c in model["retrained"] if c["sha256"] == actual]
             lines.append(f"{model['name']}: {model['path']} matches its pin's copy retrained {copy['date']} "
                          f"({actual[:SHORT_HASH]}...)")
-        elif model.get("weights_sha256") and _weights(path) == model["weights_sha256"]:
+            continue
+        # another file than the pinned one: a problem, unless only other models are required
+        if model.get("weights_sha256") and _weights(path) == model["weights_sha256"]:
             line = (f"{model['name']}: {model['path']} is retrained with its pin's weights (weights sha256 "
                     f"{model['weights_sha256'][:SHORT_HASH]}...) in another file (sha256 {actual}): the same model; "
                     "add that sha256 to its 'retrained' list (with the date), so figures measured on it are its")
-            if checked:
-                problems.append(line)
-            lines.append(line if checked else line + " (not needed by the models required)")
         else:
             line = (f"{model['name']}: {model['path']} changed: sha256 {actual}{_weights_note(path)}, models.json "
                     f"pins {model['sha256']}")
-            if checked:
-                problems.append(line)
-            lines.append(line if checked else line + " (not needed by the models required)")
+        if checked:
+            problems.append(line)
+        lines.append(line if checked else line + " (not needed by the models required)")
     return lines, problems
 
 

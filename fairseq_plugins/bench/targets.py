@@ -54,18 +54,16 @@ def json_value(results_dir: str, spec: Dict):
 
 def judge(target: Dict, results_dir: str, oriented) -> Dict:
     """{"status", "measured", "file"} of one target."""
+    spec = target.get("value") or target["row"]
+    if not os.path.isfile(os.path.join(results_dir, spec["file"])):  # (a recipe stage not run yet)
+        return {"status": NOT_MEASURED, "measured": "-", "file": spec["file"]}
     if "value" in target:  # a figure of a summary JSON (its own ratio flagged at "flag_key", where it has one)
-        spec = target["value"]
-        if not os.path.isfile(os.path.join(results_dir, spec["file"])):  # (a recipe stage not run yet)
-            return {"status": NOT_MEASURED, "measured": "-", "file": spec["file"]}
         value = json_value(results_dir, spec)
         ok = value <= target["at_most"] if "at_most" in target else value >= target["at_least"]
         flagged = "flag_key" in spec and json_value(results_dir, {**spec, "key": spec["flag_key"]})
         status = (FLAGGED if flagged else MET) if ok else NOT_MET
         measured = f"{value:g}" + ("; flagged: its runs spread over 10% or the machine was busy" if flagged else "")
         return {"status": status, "measured": measured, "file": spec["file"]}
-    if not os.path.isfile(os.path.join(results_dir, target["row"]["file"])):  # (a recipe stage not run yet)
-        return {"status": NOT_MEASURED, "measured": "-", "file": target["row"]["file"]}
     row = find_row(results_dir, target["row"], oriented)
     flags = list(flag_reasons(row))
     ratio, low, high = row["speed_ratio"], row["speed_ratio_min"], row["speed_ratio_max"]
